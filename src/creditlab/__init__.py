@@ -1,0 +1,3 @@
+"""creditlab: reproduce token-level credit assignment papers in RLVR, end to end."""
+
+__version__ = "0.1.0"
