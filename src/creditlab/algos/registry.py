@@ -43,5 +43,5 @@ def names(kind: str) -> list[str]:
 
 def _load_builtin() -> None:
     # Importing the method modules registers them.
-    from creditlab.algos import advantages, losses  # noqa: F401
+    from creditlab.algos import advantages, batching, losses  # noqa: F401
     from creditlab.algos import credit  # noqa: F401

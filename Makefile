@@ -1,0 +1,52 @@
+# creditlab — the two commands of the README:
+#   make run    install what is needed, then build every table at tiny scale (Snakemake DAG)
+#   make test   install what is needed, then run the test suite (CI calls exactly this)
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install run test test-fast lint dag report mlflow-ui bench clean-results
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first, pinned: any other torch spec pulls gigabytes of CUDA wheels on CPU machines.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --report results/report.html
+
+test: install
+	$(BIN)/python -m pytest -q --timeout=900
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not e2e"
+
+lint: install
+	$(BIN)/snakemake --lint
+
+dag: install
+	$(BIN)/snakemake -n
+
+report: install
+	$(BIN)/snakemake --report results/report.html
+
+mlflow-ui: install
+	$(BIN)/python -m creditlab mlflow-ui
+
+bench: install
+	$(BIN)/python benchmarks/bench_sampler.py
+	$(BIN)/python benchmarks/bench_rl_step.py
+
+clean-results:
+	rm -rf results/tiny results/micro results/mlflow.db results/mlartifacts results/.mlflow_ready

@@ -1,0 +1,325 @@
+"""``python -m creditlab <verb>``: the steps Snakemake runs (each also runs by hand).
+
+Verbs: prepare, init-tracking, warmup, train, evaluate, table, plan, show-config, mlflow-ui.
+Every verb takes ``--results`` (output root) and ``--scale``; run-level verbs identify a run by
+(backbone, run name, seed) and resolve everything else from ``configs/`` through the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from creditlab import paths
+from creditlab.plan import BASE_RUN, CONFIG_DIR, build_plan, compose, run_config
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _setup(cfg: dict[str, Any] | None = None) -> None:
+    import torch
+
+    torch.set_num_threads(int((cfg or {}).get("threads", 1)))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline config (configs/pipeline.yaml), with command-line overrides of scale/seeds."""
+    with open(a.pipeline_config) as f:
+        cfg = yaml.safe_load(f)
+    if a.scale:
+        cfg["scale"] = a.scale
+    if getattr(a, "seeds", None):
+        cfg["seeds"] = [int(s) for s in a.seeds.split(",")]
+    if getattr(a, "papers", None):
+        cfg["papers"] = a.papers.split(",")
+    return cfg
+
+
+def _write_json(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _load_tokenizer(data_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
+
+
+def _load_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir))
+
+
+def _tags(run, cfg: dict[str, Any]) -> dict[str, str]:
+    from creditlab.tracking.provenance import git_commit
+
+    return {
+        "paper": run.papers[0] if run.papers else "", "papers": ",".join(run.papers),
+        "table": ",".join(run.tables), "method": run.method, "run": run.run, "backbone": run.backbone,
+        "seed": str(run.seed), "scale": run.scale, "git_commit": git_commit(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+    }
+
+
+# ----------------------------------------------------------------------------------------- verbs
+def cmd_prepare(a: argparse.Namespace) -> None:
+    """Generate the tiny world: train/val splits, held-out suites (overlap 0), tokenizer."""
+    from creditlab.data.prepare import prepare_tiny
+
+    cfg = compose(a.scale, a.backbone)
+    out = paths.fmt(paths.DATA_DIR, results=a.results, scale=a.scale)
+    report = prepare_tiny(cfg["data"], out)
+    print(json.dumps({k: report[k] for k in ("counts", "overlap") if k in report}, indent=1))
+
+
+def cmd_init_tracking(a: argparse.Namespace) -> None:
+    """Create the MLflow store and every experiment once, before parallel jobs use it."""
+    from creditlab.tracking.mlflow_tracker import init_store, tracking_uri
+
+    plan = build_plan(_pipeline(a), validate=False)
+    init_store(Path(a.results), plan.experiments + ["base-models"])
+    marker = paths.fmt(paths.TRACKING_READY, results=a.results)
+    marker.write_text(tracking_uri(Path(a.results)) + "\n")
+
+
+def cmd_warmup(a: argparse.Namespace) -> None:
+    """SFT warm-up of one tiny backbone (the shared base model of every method)."""
+    from creditlab.data.io import read_records
+    from creditlab.engines.local.sft import save_model, warmup
+    from creditlab.models.tiny import build_model, n_params
+    from creditlab.tracking.mlflow_tracker import Tracker
+    from creditlab.tracking.provenance import git_commit
+
+    cfg = compose(a.scale, a.backbone, seed=a.seed)
+    _setup(cfg)
+    data_dir = paths.fmt(paths.DATA_DIR, results=a.results, scale=a.scale)
+    out = paths.fmt(paths.BASE_DIR, results=a.results, scale=a.scale, backbone=a.backbone)
+    tok = _load_tokenizer(data_dir)
+    model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, a.seed)
+    key = f"{a.scale}/{a.backbone}/warmup"
+    tracker = Tracker.start(Path(a.results), "base-models", key, key,
+                            tags={"scale": a.scale, "backbone": a.backbone, "method": "sft-warmup",
+                                  "git_commit": git_commit()},
+                            params=cfg, local_dir=out)
+    t0 = time.perf_counter()
+    history = warmup(model, tok, read_records(data_dir / "train.parquet"), cfg, a.seed, tracker.log_metrics)
+    acc = _greedy_accuracy(model, tok, read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]], cfg)
+    tracker.log_metrics({"val_greedy_acc": acc}, cfg["warmup"]["steps"])
+    save_model(model, tok, out)
+    tracker.end()
+    done = {"steps_done": len(history), "steps_requested": cfg["warmup"]["steps"], "params": n_params(model),
+            "final_loss": history[-1]["sft_loss"], "val_greedy_acc": acc, "seconds": time.perf_counter() - t0,
+            "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    _write_json(done, out / "DONE")
+    print(json.dumps(done, indent=1))
+
+
+def _greedy_accuracy(model, tok, records: list[dict], cfg: dict[str, Any]) -> float:
+    from creditlab.data.schema import render_prompt
+    from creditlab.engines.local.sampler import generate
+    from creditlab.rewards.scorer import RewardScorer
+
+    prompts = [tok(render_prompt(r["question"], cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
+    model.eval()
+    import torch
+
+    with torch.no_grad():
+        gen = generate(model, prompts, max_new_tokens=cfg["eval"]["max_new_tokens"], eos_id=tok.eos_token_id,
+                       pad_id=tok.pad_token_id, greedy=True)
+    texts = tok.batch_decode(gen.response_ids, skip_special_tokens=True)
+    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+        scores = scorer.score(texts, [r["answer"] for r in records])
+    return sum(s > 0 for s in scores) / max(1, len(scores))
+
+
+def cmd_train(a: argparse.Namespace) -> None:
+    """Train one run (resuming from its checkpoint if a previous attempt was killed)."""
+    from creditlab.data.io import read_records
+    from creditlab.engines.local.sft import save_model
+    from creditlab.engines.local.trainer import Trainer, write_history
+    from creditlab.rewards.scorer import RewardScorer
+    from creditlab.tracking.mlflow_tracker import Tracker
+    from creditlab.tracking.provenance import git_commit
+
+    plan = build_plan(_pipeline(a), validate=False)
+    run = plan.get(a.backbone, a.run, a.seed)
+    if not run.trains:
+        raise SystemExit(f"run {run.key!r} is the base model: nothing to train")
+    cfg = run_config(run)
+    _setup(cfg)
+    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
+    run_dir, ckpt_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.CKPT_DIR, **fill)
+    data_dir = paths.fmt(paths.DATA_DIR, **fill)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    tok = _load_tokenizer(data_dir)
+    model = _load_model(paths.fmt(paths.BASE_DIR, **fill))
+    tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg), params=cfg,
+                            local_dir=run_dir)
+    t0 = time.perf_counter()
+    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+        trainer = Trainer(cfg, model, tok, read_records(data_dir / "train.parquet"), scorer, ckpt_dir,
+                          log_fn=tracker.log_metrics, progress=not a.quiet)
+        resumed_at = trainer.step if trainer.maybe_resume() else None
+        if resumed_at is not None:
+            print(f"resuming {run.key} from step {resumed_at}", file=sys.stderr)
+        history = trainer.fit()
+        reward_stats = scorer.stats
+    write_history(history, run_dir / "metrics.jsonl")
+    save_model(trainer.model, tok, run_dir / "final")
+    tracker.log_metrics({f"reward_worker/{k}": float(v) for k, v in reward_stats.items()}, trainer.step)
+    tracker.log_artifact(run_dir / "config.yaml")
+    tracker.end()
+    steps = cfg["trainer"]["steps"]
+    if trainer.step != steps:
+        raise SystemExit(f"{run.key}: trained {trainer.step} steps of {steps}; not marking DONE")
+    done = {"run_key": run.key, "steps_done": trainer.step, "steps_requested": steps, "resumed_at": resumed_at,
+            "seconds_this_attempt": time.perf_counter() - t0, "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    _write_json(done, run_dir / "DONE")
+
+
+def cmd_evaluate(a: argparse.Namespace) -> None:
+    """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl."""
+    from creditlab.data.io import read_records
+    from creditlab.eval.evaluate import evaluate_model
+    from creditlab.rewards.scorer import RewardScorer
+    from creditlab.tracking.mlflow_tracker import Tracker
+    from creditlab.tracking.provenance import git_commit
+
+    plan = build_plan(_pipeline(a), validate=False)
+    run = plan.get(a.backbone, a.run, a.seed)
+    cfg = run_config(run)
+    _setup(cfg)
+    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
+    data_dir, out = paths.fmt(paths.DATA_DIR, **fill), paths.fmt(paths.EVAL_DIR, **fill)
+    if run.trains:
+        model_dir, config_path = paths.fmt(paths.RUN_DIR, **fill) / "final", paths.fmt(paths.RUN_DIR, **fill) / "config.yaml"
+        tracker = Tracker.attach(Path(a.results), run.experiment, run.key, local_dir=out)
+    else:
+        model_dir, config_path = paths.fmt(paths.BASE_DIR, **fill), out / "config.yaml"
+        out.mkdir(parents=True, exist_ok=True)
+        config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
+                                params=cfg, local_dir=out)
+    tok, model = _load_tokenizer(data_dir), _load_model(model_dir)
+    suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
+    e = cfg["eval"]
+    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+        result = evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
+                                temperature=e["temperature"], top_p=e["top_p"],
+                                template=cfg["data"].get("template", "tiny"), seed=run.seed, scorer=scorer,
+                                out_dir=out, batch_size=e.get("batch_size"))
+    result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
+                            "config": str(config_path), "scale": run.scale}
+    _write_json(result, out / "metrics.json")
+    flat = {f"eval/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
+    tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
+    tracker.log_artifact(out / "metrics.json")
+    tracker.end()
+
+
+def cmd_table(a: argparse.Namespace) -> None:
+    """Build one paper table (CSV + Markdown, ours ± CI beside the paper) and its training curves."""
+    from creditlab.tables.build import build_table, write_table
+    from creditlab.tables.figures import plot_training_curves
+
+    plan = build_plan(_pipeline(a), validate=False)
+    spec = plan.papers[a.paper]
+    table = spec.table(a.table)
+    k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
+    fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=a.table)
+    df = build_table(spec, a.table, plan.scale, plan.seeds, Path(a.results) / plan.scale / "evals", k)
+    write_table(df, table, spec, paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill))
+    series = {}
+    for row in table.rows:
+        if row.run == BASE_RUN:
+            continue
+        backbone = spec.backbone_for(row.backbone, plan.scale)
+        for seed in plan.seeds:
+            series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
+                paths.RUN_METRICS, results=a.results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
+    plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), title=f"{spec.title}: {a.table}")
+
+
+def cmd_plan(a: argparse.Namespace) -> None:
+    """Print the planned runs (validating every run config)."""
+    plan = build_plan(_pipeline(a))
+    for key, run in sorted(plan.runs.items()):
+        print(f"{key:40s} method={run.method:10s} overrides={list(run.overrides)} tables={run.tables}")
+
+
+def cmd_show_config(a: argparse.Namespace) -> None:
+    """Print the resolved config of one run."""
+    plan = build_plan(_pipeline(a), validate=False)
+    print(yaml.safe_dump(run_config(plan.get(a.backbone, a.run, a.seed)), sort_keys=False))
+
+
+def cmd_mlflow_ui(a: argparse.Namespace) -> None:
+    """Start the MLflow UI on 127.0.0.1 against the project's store."""
+    from creditlab.tracking.mlflow_tracker import tracking_uri
+
+    uri = tracking_uri(Path(a.results))
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(a.port)]
+    print("MLflow UI:", f"http://127.0.0.1:{a.port}", "store:", uri, file=sys.stderr)
+    os.execv(sys.executable, argv)
+
+
+# ----------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="creditlab", description=__doc__)
+    p.add_argument("--results", default="results", help="output root (default: results)")
+    p.add_argument("--pipeline-config", default=str(CONFIG_DIR / "pipeline.yaml"))
+    p.add_argument("--scale", default=None, help="tiny | micro (default: the pipeline config's)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's)")
+    p.add_argument("--papers", default=None, help="comma-separated papers (default: the pipeline config's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def run_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--backbone", required=True)
+        sp.add_argument("--run", required=True)
+        sp.add_argument("--seed", type=int, default=0)
+
+    sp = sub.add_parser("prepare", help=cmd_prepare.__doc__)
+    sp.add_argument("--backbone", default="tiny-s", help="any backbone (data do not depend on it)")
+    sp.set_defaults(fn=cmd_prepare)
+    sub.add_parser("init-tracking", help=cmd_init_tracking.__doc__).set_defaults(fn=cmd_init_tracking)
+    sp = sub.add_parser("warmup", help=cmd_warmup.__doc__)
+    sp.add_argument("--backbone", required=True)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(fn=cmd_warmup)
+    for name, fn in [("train", cmd_train), ("evaluate", cmd_evaluate), ("show-config", cmd_show_config)]:
+        sp = sub.add_parser(name, help=fn.__doc__)
+        run_args(sp)
+        sp.set_defaults(fn=fn)
+    sp = sub.add_parser("table", help=cmd_table.__doc__)
+    sp.add_argument("--paper", required=True)
+    sp.add_argument("--table", required=True)
+    sp.set_defaults(fn=cmd_table)
+    sub.add_parser("plan", help=cmd_plan.__doc__).set_defaults(fn=cmd_plan)
+    sp = sub.add_parser("mlflow-ui", help=cmd_mlflow_ui.__doc__)
+    sp.add_argument("--port", type=int, default=5000)
+    sp.set_defaults(fn=cmd_mlflow_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
+    if a.scale is None and a.verb in ("prepare", "warmup"):
+        a.scale = _pipeline(a)["scale"]
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""The local GRPO/DAPO trainer: one file, read top to bottom.
+
+One RL step:
+  1. pick prompts (a pure function of seed and step, so a resumed run sees the same prompts);
+  2. sample G rollouts per prompt with the KV-cache sampler; score them (reward workers);
+     dynamic sampling (optional) keeps groups whose rewards differ and samples more prompts
+     until the batch is full; overlong shaping penalises responses near the length budget;
+  3. advantages (registered function, e.g. GRPO);
+  4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t;
+  5. credit functions (registered; they may use p, h_t, entropy) multiply the advantage per token;
+  6. PPO epochs over mini-batches with the registered policy loss; AdamW, schedule, grad clip;
+  7. log metrics; every ``checkpoint_every`` steps save model + optimizer + scheduler + RNG state.
+
+All randomness is derived from (seed, step), and checkpoints hold the full optimizer state, so a run
+killed at any point and restarted produces the same final model as an uninterrupted one.
+The trainer knows nothing about MLflow: it calls ``log_fn(metrics, step)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from creditlab.algos import registry
+from creditlab.algos.credit.base import CreditInputs
+from creditlab.engines.local.batch import pack, response_forward
+from creditlab.engines.local.sampler import generate
+
+LogFn = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class Rollouts:
+    """A scored rollout batch: ``prompts[i]``/``responses[i]`` token ids, reward, group id."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    finished: list[bool]
+    scores: list[float]  # raw reward function output (correctness)
+    rewards: list[float]  # after overlong shaping: what the advantage sees
+    group_ids: list[int]
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def _step_seed(seed: int, step: int, sub: int = 0) -> int:
+    """A 63-bit seed that is a pure function of (seed, step, sub)."""
+    return int(np.random.SeedSequence([seed, step, sub]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate: linear warm-up, then constant or cosine to 10%."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    raise ValueError(f"unknown lr_schedule {schedule!r}; valid choices: ['constant', 'cosine']")
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
+    """DAPO soft overlong punishment: min(-(L - (Lmax - buf)) / buf * factor, 0)."""
+    return min(-(length - (max_len - buffer)) / buffer * factor, 0.0)
+
+
+class Trainer:
+    """GRPO/DAPO RL of a causal LM on verifiable prompts (tiny scale, CPU or one GPU)."""
+
+    def __init__(self, cfg: dict[str, Any], model, tokenizer, train_records: list[dict], scorer, ckpt_dir: Path,
+                 log_fn: LogFn | None = None, progress: bool = True):
+        self.cfg, self.tcfg, self.mcfg = cfg, cfg["trainer"], cfg["method"]
+        self.device = _device(cfg.get("device", "auto"))
+        self.model = model.to(self.device)
+        self.model.train()
+        self.tok = tokenizer
+        self.records = train_records
+        self.scorer = scorer
+        self.ckpt_dir = Path(ckpt_dir)
+        self.log_fn = log_fn or (lambda m, s: None)
+        self.progress = progress
+        from creditlab.data.schema import render_prompt
+
+        template = cfg["data"].get("template", "tiny")
+        self.prompt_ids = [tokenizer(render_prompt(r["question"], template))["input_ids"] for r in train_records]
+        t = self.tcfg
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
+                                     weight_decay=t["weight_decay"])
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_lambda(s, t["lr_warmup_steps"], t["steps"], t["lr_schedule"]))
+        self.advantage_fn = registry.get("advantage", self.mcfg["advantage"])
+        self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
+        self.batching_fn = registry.get("batching", t["batching"])
+        self.credit_fns = [(registry.get("credit", c["name"]), {k: v for k, v in c.items() if k != "name"})
+                           for c in self.mcfg.get("credit") or []]
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+
+    # ----------------------------------------------------------------------------- checkpoints
+    @property
+    def _ckpt_path(self) -> Path:
+        return self.ckpt_dir / "state.pt"
+
+    def save_checkpoint(self) -> None:
+        """Atomically write model, optimizer, scheduler, RNG states, step and metric history."""
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "history": self.history,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+        tmp = self._ckpt_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self._ckpt_path)
+
+    def maybe_resume(self) -> bool:
+        """Restore the latest checkpoint if there is one; returns whether it did."""
+        if not self._ckpt_path.exists():
+            return False
+        state = torch.load(self._ckpt_path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.step, self.history = state["step"], state["history"]
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        return True
+
+    # ----------------------------------------------------------------------------- rollouts
+    def _sample_prompts(self, step: int, gen_idx: int) -> list[int]:
+        rng = np.random.default_rng([self.cfg["seed"], step, gen_idx])
+        return rng.choice(len(self.records), size=self.tcfg["prompts_per_step"], replace=False).tolist()
+
+    def _rollout_once(self, step: int, gen_idx: int) -> Rollouts:
+        t, G = self.tcfg, self.tcfg["group_size"]
+        idx = self._sample_prompts(step, gen_idx)
+        prompts = [self.prompt_ids[i] for i in idx for _ in range(G)]
+        self.model.eval()
+        with torch.no_grad(), _autocast(self.device):
+            gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.tok.eos_token_id,
+                           pad_id=self.tok.pad_token_id, temperature=t["temperature"], top_p=t["top_p"],
+                           seed=_step_seed(self.cfg["seed"], step, gen_idx))
+        self.model.train()
+        texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)
+        golds = [self.records[i]["answer"] for i in idx for _ in range(G)]
+        scores = self.scorer.score(texts, golds)
+        rewards = list(scores)
+        ol = t["overlong"]
+        if ol["enable"]:
+            rewards = [r + overlong_penalty(len(resp), t["max_new_tokens"], ol["buffer"], ol["penalty"])
+                       for r, resp in zip(rewards, gen.response_ids)]
+        group_ids = [gen_idx * len(self.records) + i for i in idx for _ in range(G)]
+        return Rollouts(prompts, gen.response_ids, gen.finished, scores, rewards, group_ids)
+
+    def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
+        """Rollouts of one step; with dynamic sampling, only groups whose rewards differ, topped up."""
+        t, G = self.tcfg, self.tcfg["group_size"]
+        first = self._rollout_once(step, 0)
+        info = {"groups_informative_frac": _informative_frac(first.scores, G)}
+        if not t["dynamic_sampling"]:
+            return first, info | {"n_gen_batches": 1.0}
+        kept, gen_idx, batch = _Filtered(), 0, first
+        while True:
+            kept.add_informative(batch, G)
+            gen_idx += 1
+            if kept.n_groups(G) >= t["prompts_per_step"] or gen_idx >= t["max_gen_batches"]:
+                break
+            batch = self._rollout_once(step, gen_idx)
+        out = kept.take(t["prompts_per_step"] * G)
+        return out, info | {"n_gen_batches": float(gen_idx), "ds_groups_kept": len(out.rewards) / G}
+
+    # ----------------------------------------------------------------------------- one step
+    def train_step(self, step: int) -> dict[str, float]:
+        t, m = self.tcfg, self.mcfg
+        t0 = time.perf_counter()
+        ro, info = self.collect(step)
+        t_gen = time.perf_counter() - t0
+        metrics: dict[str, float] = {"step": step}
+        metrics.update(info)
+        lens = [len(r) for r in ro.responses]
+        metrics.update(
+            reward_mean=float(np.mean(ro.scores)) if ro.scores else float("nan"),
+            reward_shaped_mean=float(np.mean(ro.rewards)) if ro.rewards else float("nan"),
+            response_len_mean=float(np.mean(lens)) if lens else float("nan"),
+            truncated_frac=float(np.mean([not f for f in ro.finished])) if ro.finished else float("nan"),
+        )
+        if not ro.responses:  # dynamic sampling found nothing informative: no update this step
+            self.sched.step()
+            return metrics | {"t_step": time.perf_counter() - t0, "skipped": 1.0}
+
+        batch = pack(ro.prompts, ro.responses, self.tok.pad_token_id)
+        rewards = torch.tensor(ro.rewards, dtype=torch.float32)
+        group_ids = torch.tensor(ro.group_ids, dtype=torch.long)
+        adv = self.advantage_fn(rewards, group_ids, **(m.get("advantage_kwargs") or {}))
+
+        t1 = time.perf_counter()
+        need_hidden = any(getattr(fn, "needs_hidden", False) for fn, _ in self.credit_fns)
+        with torch.no_grad(), _autocast(self.device):
+            old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden)
+        mask = batch.response_mask.to(self.device)
+        t_fwd = time.perf_counter() - t1
+
+        inputs = CreditInputs(responses=batch.responses.to(self.device), mask=mask, old_logp=old.logp,
+                              advantages=adv.to(self.device), group_ids=group_ids.to(self.device),
+                              hidden=old.hidden, entropy=old.entropy)
+        weights = torch.ones_like(old.logp)
+        for fn, kwargs in self.credit_fns:
+            weights = weights * fn(inputs, **kwargs)
+        adv_tok = (adv.to(self.device)[:, None] * weights).detach()
+
+        t2 = time.perf_counter()
+        gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
+        stats: list[dict[str, float]] = []
+        for _ in range(t["ppo_epochs"]):
+            for idx in self.batching_fn(group_ids, t["mini_batches"], gen):
+                mb = batch.select(idx)
+                T = mb.response_len
+                with _autocast(self.device):
+                    new = response_forward(self.model, mb)
+                loss, st = self.loss_fn(new.logp, old.logp[idx, :T], adv_tok[idx, :T], mask[idx, :T],
+                                        **(m.get("loss_kwargs") or {}))
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
+                self.opt.step()
+                stats.append(st | {"loss": loss.item(), "grad_norm": float(grad_norm)})
+        self.sched.step()
+        t_update = time.perf_counter() - t2
+
+        tok_mask = mask.bool()
+        metrics.update({k: float(np.mean([s[k] for s in stats])) for k in stats[0]})
+        metrics.update(
+            entropy_mean=old.entropy[tok_mask].mean().item(),
+            adv_abs_mean=adv.abs().mean().item(),
+            credit_weight_mean=weights[tok_mask].mean().item(),
+            lr=self.sched.get_last_lr()[0],
+            t_gen=t_gen, t_old_forward=t_fwd, t_update=t_update, t_step=time.perf_counter() - t0,
+        )
+        return metrics
+
+    # ----------------------------------------------------------------------------- loop
+    def fit(self) -> list[dict[str, float]]:
+        """Run (or resume) until ``trainer.steps``; returns the per-step metric history."""
+        t = self.tcfg
+        bar = tqdm(total=t["steps"], initial=self.step, desc="rl steps", disable=not self.progress,
+                   dynamic_ncols=True)
+        while self.step < t["steps"]:
+            metrics = self.train_step(self.step)
+            self.history.append(metrics)
+            self.log_fn(metrics, self.step)
+            self.step += 1
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", len=f"{metrics['response_len_mean']:.1f}")
+            if self.step % t["checkpoint_every"] == 0 or self.step == t["steps"]:
+                self.save_checkpoint()
+        bar.close()
+        return self.history
+
+
+def _informative_frac(rewards: list[float], G: int) -> float:
+    groups = [rewards[i : i + G] for i in range(0, len(rewards), G)]
+    return float(np.mean([max(g) > min(g) for g in groups])) if groups else 0.0
+
+
+class _Filtered:
+    """Accumulates the informative groups (score std > 0) of several rollout batches."""
+
+    def __init__(self) -> None:
+        self.parts: list[Rollouts] = []
+
+    def add_informative(self, ro: Rollouts, G: int) -> None:
+        s = ro.scores  # DAPO filters on accuracy (the raw score), not on the shaped reward
+        keep = [i for i in range(0, len(s), G) if max(s[i : i + G]) > min(s[i : i + G])]
+        rows = [j for i in keep for j in range(i, i + G)]
+        self.parts.append(Rollouts(*[[getattr(ro, f)[j] for j in rows] for f in Rollouts.__dataclass_fields__]))
+
+    def n_groups(self, G: int) -> int:
+        return sum(len(p.rewards) for p in self.parts) // G
+
+    def take(self, n: int) -> Rollouts:
+        fields = Rollouts.__dataclass_fields__
+        merged = {f: [x for p in self.parts for x in getattr(p, f)][:n] for f in fields}
+        return Rollouts(**merged)
+
+
+def write_history(history: list[dict[str, float]], path: Path) -> None:
+    """metrics.jsonl: one JSON object per step (rewritten whole, so a resumed run never duplicates)."""
+    tmp = Path(path).with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for h in history:
+            f.write(json.dumps(h) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,37 @@
+"""Where every output lives. Snakemake rules and the CLI both use these patterns (one source).
+
+Patterns use Snakemake-style ``{wildcards}``; ``fmt`` fills them. Declared outputs (DONE markers,
+metrics, tables) live under ``results/{scale}/``; resumable checkpoints live under
+``results/{scale}/checkpoints/`` which no rule declares, so Snakemake never deletes them when a job
+fails and a re-run resumes where the killed job stopped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DATA_DIR = "{results}/{scale}/data"
+DATA_DONE = DATA_DIR + "/prep_report.json"
+BASE_DIR = "{results}/{scale}/models/{backbone}/base"
+BASE_DONE = BASE_DIR + "/DONE"
+RUN_DIR = "{results}/{scale}/runs/{backbone}/{run}/s{seed}"
+RUN_DONE = RUN_DIR + "/DONE"
+RUN_METRICS = RUN_DIR + "/metrics.jsonl"
+CKPT_DIR = "{results}/{scale}/checkpoints/{backbone}/{run}/s{seed}"
+EVAL_DIR = "{results}/{scale}/evals/{backbone}/{run}/s{seed}"
+EVAL_METRICS = EVAL_DIR + "/metrics.json"
+TABLE_CSV = "{results}/{scale}/tables/{paper}/{table}.csv"
+TABLE_MD = "{results}/{scale}/tables/{paper}/{table}.md"
+CURVES_PNG = "{results}/{scale}/figures/{paper}/{table}_training_curves.png"
+MLFLOW_DB = "{results}/mlflow.db"
+TRACKING_READY = "{results}/.mlflow_ready"
+
+
+def fmt(pattern: str, **values) -> Path:
+    """Fill a pattern: ``fmt(RUN_DIR, results="results", scale="tiny", backbone=..., run=..., seed=0)``."""
+    return Path(pattern.format(**values))
+
+
+def run_key(scale: str, backbone: str, run: str, seed: int) -> str:
+    """Deterministic run identity used for directories, MLflow tags and table provenance."""
+    return f"{scale}/{backbone}/{run}/s{seed}"

@@ -1,0 +1,165 @@
+"""From configs to the set of jobs: papers' tables -> unique runs, and one run -> a resolved config.
+
+``build_plan`` expands ``configs/papers/*.yaml`` for the papers named in ``configs/pipeline.yaml``
+into the unique runs (a run shared by several tables or papers is trained once) and validates every
+run's Hydra composition before any job starts, so an unknown method or key fails early with a
+message naming it and the valid choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from creditlab.paths import run_key
+from creditlab.tables.spec import PaperSpec, load_paper
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+BASE_RUN = "base"
+
+
+class PlanError(ValueError):
+    """A pipeline/paper config that cannot be planned (message names the key and the choices)."""
+
+
+@dataclass
+class Run:
+    """One training run (or ``run == "base"``: the untrained base model, evaluated only)."""
+
+    scale: str
+    backbone: str
+    run: str
+    seed: int
+    method: str
+    overrides: tuple[str, ...]
+    experiment: str
+    papers: list[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return run_key(self.scale, self.backbone, self.run, self.seed)
+
+    @property
+    def trains(self) -> bool:
+        return self.run != BASE_RUN
+
+
+@dataclass
+class Plan:
+    scale: str
+    seeds: list[int]
+    papers: dict[str, PaperSpec]
+    runs: dict[str, Run]
+
+    @property
+    def backbones(self) -> list[str]:
+        return sorted({r.backbone for r in self.runs.values()})
+
+    @property
+    def tables(self) -> list[tuple[str, str]]:
+        return [(p, t) for p, spec in self.papers.items() for t in spec.tables]
+
+    @property
+    def experiments(self) -> list[str]:
+        return sorted({r.experiment for r in self.runs.values()})
+
+    def get(self, backbone: str, run: str, seed: int) -> Run:
+        key = run_key(self.scale, backbone, run, int(seed))
+        if key not in self.runs:
+            raise PlanError(f"run {key!r} is not in the plan; planned runs: {sorted(self.runs)}")
+        return self.runs[key]
+
+    def table_runs(self, paper: str, table: str) -> list[Run]:
+        spec = self.papers[paper]
+        out = []
+        for row in spec.table(table).rows:
+            for seed in self.seeds:
+                out.append(self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed))
+        return out
+
+
+def paper_config_path(paper: str, config_dir: Path = CONFIG_DIR) -> Path:
+    path = Path(config_dir) / "papers" / f"{paper}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in (Path(config_dir) / "papers").glob("*.yaml"))
+        raise PlanError(f"unknown paper {paper!r} in pipeline config 'papers'; valid choices: {valid}")
+    return path
+
+
+def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate: bool = True) -> Plan:
+    """Expand the pipeline config into the unique runs of every table of the chosen papers."""
+    scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
+    papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
+    runs: dict[str, Run] = {}
+    for pname, spec in papers.items():
+        for tname, table in spec.tables.items():
+            for row in table.rows:
+                backbone = spec.backbone_for(row.backbone, scale)
+                if row.run == BASE_RUN:
+                    method, overrides = BASE_RUN, ()
+                else:
+                    rs = spec.runs[row.run]
+                    method, overrides = rs.method, tuple(rs.overrides)
+                for seed in seeds:
+                    run = Run(scale, backbone, row.run, seed, method, overrides, spec.experiment)
+                    prev = runs.setdefault(run.key, run)
+                    if (prev.method, prev.overrides) != (method, overrides):
+                        raise PlanError(
+                            f"run name {row.run!r} means two different runs: {prev.method} {list(prev.overrides)} "
+                            f"(papers {prev.papers}) vs {method} {list(overrides)} (paper {pname!r}); rename one")
+                    if pname not in prev.papers:
+                        prev.papers.append(pname)
+                    if f"{pname}/{tname}" not in prev.tables:
+                        prev.tables.append(f"{pname}/{tname}")
+    plan = Plan(scale, seeds, papers, runs)
+    if validate:
+        for run in plan.runs.values():
+            run_config(run, config_dir)
+    return plan
+
+
+def compose(scale: str, backbone: str, method: str = "dapo", overrides: tuple[str, ...] | list[str] = (),
+            seed: int = 0, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """Compose configs/run.yaml with Hydra for (scale, backbone, method) + overrides; resolved dict."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides]
+    try:
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+            cfg = hydra_compose(config_name="run", overrides=args)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise PlanError(f"cannot compose run config {args}: {e}") from None
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """The fully resolved config of ``run``, with its method's registered names checked."""
+    cfg = compose(run.scale, run.backbone, "dapo" if run.method == BASE_RUN else run.method, run.overrides,
+                  run.seed, config_dir)
+    if run.method == BASE_RUN:
+        cfg["method"] = {"name": BASE_RUN}
+    else:
+        check_registered(cfg, run.key)
+    cfg["run"] = {"name": run.run, "key": run.key, "experiment": run.experiment,
+                  "papers": list(run.papers), "tables": list(run.tables)}
+    return cfg
+
+
+def check_registered(cfg: dict[str, Any], where: str) -> None:
+    """Every name a run config selects must be registered (advantage, loss, credit, batching, reward)."""
+    from creditlab.algos import registry
+    from creditlab.rewards import math_verify_reward  # noqa: F401  (registers the reward functions)
+
+    m, t = cfg["method"], cfg["trainer"]
+    wanted = [("advantage", m["advantage"]), ("policy_loss", m["policy_loss"]), ("batching", t["batching"]),
+              ("reward", t["reward"])] + [("credit", c["name"]) for c in m.get("credit") or []]
+    for kind, name in wanted:
+        if name not in registry.names(kind):
+            raise PlanError(f"{where}: unknown {kind} {name!r}; valid choices: {registry.names(kind)}")

@@ -1,0 +1,55 @@
+# Shared by all the .smk files: the plan (unique runs of every table), path patterns, the CLI prefix.
+import sys
+
+from snakemake.exceptions import WorkflowError
+
+from creditlab import paths
+from creditlab.plan import BASE_RUN, PlanError, build_plan
+
+try:
+    PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
+except (PlanError, ValueError) as err:
+    raise WorkflowError(f"invalid pipeline/paper config: {err}")
+
+ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
+RESULTS = config["results"]
+SCALE = PLAN.scale
+CLI = (
+    f"{sys.executable} -m creditlab --quiet --results {RESULTS} --scale {SCALE} "
+    f"--seeds {','.join(map(str, PLAN.seeds))} --papers {','.join(config['papers'])}"
+)
+
+
+def at_scale(pattern):
+    """A path pattern with results and scale filled, other wildcards kept for Snakemake."""
+    return pattern.replace("{results}", RESULTS).replace("{scale}", SCALE)
+
+
+def log_for(name):
+    return f"{RESULTS}/{SCALE}/logs/{name}.log"
+
+
+def all_tables():
+    out = []
+    for paper, table in PLAN.tables:
+        fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
+        out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
+    return out
+
+
+def model_of(wildcards):
+    """A trained run's DONE marker, or the warmed-up base model for the reserved run `base`."""
+    if wildcards.run == BASE_RUN:
+        return at_scale(paths.BASE_DONE).format(backbone=wildcards.backbone)
+    return at_scale(paths.RUN_DONE).format(**wildcards)
+
+
+def table_inputs(wildcards):
+    """Evaluation metrics of every row of a table, and training metrics of its trained runs."""
+    out = {"evals": [], "curves": []}
+    for run in PLAN.table_runs(wildcards.paper, wildcards.table):
+        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed)
+        out["evals"].append(str(paths.fmt(paths.EVAL_METRICS, **fill)))
+        if run.trains:
+            out["curves"].append(str(paths.fmt(paths.RUN_METRICS, **fill)))
+    return out

@@ -1,0 +1,24 @@
+rule init_tracking:
+    output:
+        paths.TRACKING_READY.replace("{results}", RESULTS),
+    log:
+        log_for("init_tracking"),
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} init-tracking > {log} 2>&1"
+
+
+rule prepare_data:
+    output:
+        at_scale(paths.DATA_DONE),
+    log:
+        log_for("prepare_data"),
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} prepare > {log} 2>&1"

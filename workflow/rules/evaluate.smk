@@ -1,0 +1,17 @@
+rule evaluate:
+    input:
+        model=model_of,
+        tracking=rules.init_tracking.output,
+    output:
+        at_scale(paths.EVAL_METRICS),
+    log:
+        log_for("evaluate/{backbone}/{run}/s{seed}"),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"

@@ -1,0 +1,37 @@
+rule warmup:
+    input:
+        data=at_scale(paths.DATA_DONE),
+        tracking=rules.init_tracking.output,
+    output:
+        at_scale(paths.BASE_DONE),
+    log:
+        log_for("warmup/{backbone}"),
+    threads: 1
+    resources:
+        mem_mb=2000,
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} warmup --backbone {wildcards.backbone} > {log} 2>&1"
+
+
+rule train:
+    input:
+        base=at_scale(paths.BASE_DONE),
+        tracking=rules.init_tracking.output,
+    output:
+        done=at_scale(paths.RUN_DONE),
+        metrics=at_scale(paths.RUN_METRICS),
+    log:
+        log_for("train/{backbone}/{run}/s{seed}"),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} train --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"
