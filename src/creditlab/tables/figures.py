@@ -1,0 +1,99 @@
+"""Figures: training curves of several runs from their metrics.jsonl files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEYS = ("reward_mean", "response_len_mean", "entropy_mean")
+DPI = 120
+
+
+def _warn(message: str) -> None:
+    """Warn through both `warnings` (visible in tests) and logging (visible in job logs)."""
+    warnings.warn(message, stacklevel=3)
+    log.warning(message)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read a metrics.jsonl; a non-JSON line (cut by a killed job) is skipped with a warning."""
+    records = []
+    with Path(path).open() as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                _warn(f"{path}:{lineno}: not valid JSON, line skipped")
+    return records
+
+
+def curve(records: Sequence[Mapping], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` by step; a step logged twice (resumed run) keeps its last value."""
+    by_step: dict[int, float] = {}
+    for rec in records:
+        value = rec.get(key)
+        if "step" in rec and isinstance(value, (int, float)) and math.isfinite(value):
+            by_step[int(rec["step"])] = float(value)
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def ema(values: Sequence[float], smoothing: float) -> list[float]:
+    """Exponential moving average, debiased as in TensorBoard (smoothing 0 = the raw values)."""
+    out, acc = [], 0.0
+    for i, value in enumerate(values, start=1):
+        acc = smoothing * acc + (1.0 - smoothing) * value
+        out.append(acc / (1.0 - smoothing**i) if smoothing > 0 else value)
+    return out
+
+
+def plot_training_curves(series: Mapping[str, Path], out_png: Path,
+                         keys: Sequence[str] = DEFAULT_KEYS, title: str | None = None,
+                         smoothing: float = 0.6) -> Path:
+    """Plot one subplot per metric key, one line per run, against the training step.
+
+    `series` maps a legend label to a run's metrics.jsonl (one JSON object per step with a
+    "step" field). A run lacking a key is left out of that subplot with a warning. With
+    `smoothing` > 0 the raw curve is drawn faint and its EMA on top. Returns `out_png`.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    runs = {label: read_jsonl(Path(path)) for label, path in series.items()}
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for i, (label, records) in enumerate(runs.items()):
+            steps, values = curve(records, key)
+            if not steps:
+                _warn(f"{series[label]}: no {key!r} values with a step; "
+                      f"{label!r} left out of that plot")
+                continue
+            color = f"C{i % 10}"
+            if smoothing > 0:
+                ax.plot(steps, values, color=color, alpha=0.25, linewidth=1.0)
+            ax.plot(steps, ema(values, smoothing), color=color, linewidth=1.6, label=label)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=DPI, format="png")
+    plt.close(fig)
+    return out_png
