@@ -113,7 +113,8 @@ def cmd_warmup(a: argparse.Namespace) -> None:
                                   "git_commit": git_commit()},
                             params=cfg, local_dir=out)
     t0 = time.perf_counter()
-    history = warmup(model, tok, read_records(data_dir / "train.parquet"), cfg, a.seed, tracker.log_metrics)
+    history = warmup(model, tok, read_records(data_dir / "train.parquet"), cfg, a.seed, tracker.log_metrics,
+                     progress=not a.quiet)
     acc = _greedy_accuracy(model, tok, read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]], cfg)
     tracker.log_metrics({"val_greedy_acc": acc}, cfg["warmup"]["steps"])
     save_model(model, tok, out)

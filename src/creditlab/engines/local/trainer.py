@@ -177,21 +177,28 @@ class Trainer:
         return Rollouts(prompts, gen.response_ids, gen.finished, scores, rewards, group_ids)
 
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
-        """Rollouts of one step; with dynamic sampling, only groups whose rewards differ, topped up."""
+        """Rollouts of one step; with dynamic sampling, only groups whose scores differ, topped up.
+
+        ``train_reward_mean`` is the mean score of every rollout generated this step (before any
+        filtering): the honest training-reward curve.
+        """
         t, G = self.tcfg, self.tcfg["group_size"]
-        first = self._rollout_once(step, 0)
-        info = {"groups_informative_frac": _informative_frac(first.scores, G)}
+        batch = self._rollout_once(step, 0)
+        all_scores = list(batch.scores)
+        info = {"groups_informative_frac": _informative_frac(batch.scores, G)}
         if not t["dynamic_sampling"]:
-            return first, info | {"n_gen_batches": 1.0}
-        kept, gen_idx, batch = _Filtered(), 0, first
+            return batch, info | {"n_gen_batches": 1.0, "train_reward_mean": float(np.mean(all_scores))}
+        kept, gen_idx = _Filtered(), 0
         while True:
             kept.add_informative(batch, G)
             gen_idx += 1
             if kept.n_groups(G) >= t["prompts_per_step"] or gen_idx >= t["max_gen_batches"]:
                 break
             batch = self._rollout_once(step, gen_idx)
+            all_scores += batch.scores
         out = kept.take(t["prompts_per_step"] * G)
-        return out, info | {"n_gen_batches": float(gen_idx), "ds_groups_kept": len(out.rewards) / G}
+        return out, info | {"n_gen_batches": float(gen_idx), "ds_groups_kept": len(out.rewards) / G,
+                            "train_reward_mean": float(np.mean(all_scores))}
 
     # ----------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
@@ -200,16 +207,16 @@ class Trainer:
         ro, info = self.collect(step)
         t_gen = time.perf_counter() - t0
         metrics: dict[str, float] = {"step": step}
-        metrics.update(info)
+        metrics.update({k: v for k, v in info.items() if k != "train_reward_mean"})
         lens = [len(r) for r in ro.responses]
         metrics.update(
-            reward_mean=float(np.mean(ro.scores)) if ro.scores else float("nan"),
+            reward_mean=info["train_reward_mean"],
+            reward_batch_mean=float(np.mean(ro.scores)) if ro.scores else float("nan"),
             reward_shaped_mean=float(np.mean(ro.rewards)) if ro.rewards else float("nan"),
             response_len_mean=float(np.mean(lens)) if lens else float("nan"),
             truncated_frac=float(np.mean([not f for f in ro.finished])) if ro.finished else float("nan"),
         )
         if not ro.responses:  # dynamic sampling found nothing informative: no update this step
-            self.sched.step()
             return metrics | {"t_step": time.perf_counter() - t0, "skipped": 1.0}
 
         batch = pack(ro.prompts, ro.responses, self.tok.pad_token_id)

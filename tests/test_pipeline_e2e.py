@@ -1,0 +1,91 @@
+"""End to end: the whole Snakemake DAG at `micro` size, then a no-op re-run and the HTML report.
+
+One module-scoped DAG run (a few minutes on 2 cores) feeds several checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+pytestmark = pytest.mark.e2e
+
+
+def _snakemake(*args: str, results: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [SNAKEMAKE, "--cores", "2", "--config", "scale=micro", f"results={results}", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def micro_results(tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("e2e") / "results"
+    proc = _snakemake(results=results)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return results
+
+
+def test_table_has_every_row_with_ci_and_provenance(micro_results):
+    df = pd.read_csv(micro_results / "micro/tables/dlogp/main.csv")
+    rows = set(zip(df["row"], df["paper_backbone"]))
+    assert rows == {("Base", "Qwen2.5-Math-7B"), ("DAPO", "Qwen2.5-Math-7B"), ("DAPO", "Qwen3-8B-Base")}
+    assert set(df["column"]) == {"AIME24", "AIME25", "AMC", "Avg", "Pass@k"}
+    ours = df[["ours_lo", "ours_mean", "ours_hi"]]
+    assert ((ours >= 0) & (ours <= 100)).all().all()
+    assert (df["ours_lo"] <= df["ours_mean"] + 1e-9).all() and (df["ours_mean"] <= df["ours_hi"] + 1e-9).all()
+    assert df["paper"].notna().all()  # every cell of this table has a paper number beside ours
+    assert df["mlflow_run_ids"].notna().all() and df["commits"].notna().all()
+    md = (micro_results / "micro/tables/dlogp/main.md").read_text()
+    assert "35.73" in md and "not comparable" in md.lower()
+    png = micro_results / "micro/figures/dlogp/main_training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_are_done_resumable_and_tracked(micro_results):
+    done = json.loads((micro_results / "micro/runs/micro-s/dapo-ds/s0/DONE").read_text())
+    assert done["steps_done"] == done["steps_requested"] == 4
+    assert (micro_results / "micro/checkpoints/micro-s/dapo-ds/s0/state.pt").exists()
+    report = json.loads((micro_results / "micro/data/prep_report.json").read_text())
+    overlaps = [n for per_split in report["overlap"].values() for n in per_split.values()]
+    assert overlaps and all(n == 0 for n in overlaps)
+    lines = (micro_results / "micro/evals/micro-m/dapo-ds/s0/hard.jsonl").read_text().splitlines()
+    assert len(lines) == 12 * (1 + 2)  # 12 questions x (greedy + k=2 samples): nothing lost
+    with sqlite3.connect(micro_results / "mlflow.db") as db:
+        names = {r[0] for r in db.execute("select name from experiments")}
+        assert {"dlogp", "base-models"} <= names
+        tags = dict(db.execute(
+            "select t.key, t.value from tags t join runs r on r.run_uuid = t.run_uuid "
+            "where r.run_uuid = ?", (done["mlflow_run_id"],)).fetchall())
+        for key in ("paper", "table", "method", "backbone", "seed", "scale", "git_commit"):
+            assert key in tags, key
+        assert tags["method"] == "dapo" and tags["scale"] == "micro" and tags["paper"] == "dlogp"
+        n_metrics = db.execute("select count(*) from metrics where run_uuid = ? and key = 'reward_mean'",
+                               (done["mlflow_run_id"],)).fetchone()[0]
+        assert n_metrics >= 4
+        evals = db.execute("select count(*) from metrics where run_uuid = ? and key like 'eval/%'",
+                           (done["mlflow_run_id"],)).fetchone()[0]
+        assert evals > 0  # the evaluation logged into the run it evaluates
+
+
+def test_noop_rerun_starts_no_job(micro_results):
+    proc = _snakemake("-n", results=micro_results, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_html_report(micro_results):
+    out = micro_results / "report.html"
+    proc = _snakemake("--report", str(out), results=micro_results, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = out.read_text(errors="replace")
+    assert "dlogp" in html and "main.csv" in html and "main_training_curves.png" in html

@@ -1,0 +1,75 @@
+"""Config validation happens before any job: unknown papers, methods and keys fail with the choices."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from creditlab.plan import CONFIG_DIR, PlanError, build_plan, compose
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+PIPE = {"scale": "micro", "papers": ["dlogp"], "seeds": [0], "results": "results"}
+
+
+def test_plan_dedupes_runs_and_resolves_configs():
+    plan = build_plan(PIPE)
+    assert sorted(plan.runs) == ["micro/micro-m/dapo-ds/s0", "micro/micro-s/base/s0", "micro/micro-s/dapo-ds/s0"]
+    run = plan.get("micro-s", "dapo-ds", 0)
+    assert run.experiment == "dlogp" and run.tables == ["dlogp/main"]
+    cfg = compose("micro", "micro-s", "dapo", run.overrides)
+    assert cfg["trainer"]["dynamic_sampling"] is True  # the paper's override reached the trainer
+    assert cfg["model"]["arch"]["hidden_size"] == 32 and cfg["trainer"]["steps"] == 4
+    assert compose("tiny", "tiny-s")["trainer"]["dynamic_sampling"] is False
+
+
+def test_seeds_multiply_runs():
+    plan = build_plan(PIPE | {"seeds": [0, 1]}, validate=False)
+    assert len(plan.runs) == 6 and len(plan.table_runs("dlogp", "main")) == 6
+
+
+def test_unknown_paper_lists_choices():
+    with pytest.raises(PlanError, match=r"unknown paper 'nope'.*valid choices: \['dlogp'"):
+        build_plan(PIPE | {"papers": ["nope"]})
+
+
+def _configs_with(tmp_path: Path, edit) -> Path:
+    cfg_dir = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, cfg_dir)
+    path = cfg_dir / "papers" / "dlogp.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+    return cfg_dir
+
+
+def test_unknown_method_fails_naming_choices(tmp_path):
+    cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(method="dapoo"))
+    with pytest.raises(PlanError, match=r"dapoo.*(dapo|Available options)"):
+        build_plan(PIPE, cfg_dir)
+
+
+def test_unknown_override_key_fails(tmp_path):
+    cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(overrides=["trainer.dynamic_samplin=true"]))
+    with pytest.raises(PlanError, match="dynamic_samplin"):
+        build_plan(PIPE, cfg_dir)
+
+
+def test_unknown_registered_name_fails(tmp_path):
+    cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(overrides=["method.advantage=gpro"]))
+    with pytest.raises(PlanError, match=r"unknown advantage 'gpro'; valid choices: \['dr_grpo', 'grpo', 'rloo'\]"):
+        build_plan(PIPE, cfg_dir)
+
+
+@pytest.mark.parametrize("override, needle", [("papers=[nope]", "nope"), ("scale=huge", "huge"), ("sedes=[0]", "sedes")])
+def test_snakemake_rejects_bad_pipeline_config_before_any_job(override, needle, tmp_path):
+    proc = subprocess.run([SNAKEMAKE, "-n", "--config", override, f"results={tmp_path}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert needle in proc.stdout + proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing ran
