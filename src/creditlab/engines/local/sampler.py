@@ -1,0 +1,463 @@
+"""Batched KV-cache sampler for transformers causal LMs (local RL engine and evaluation).
+
+Every rollout and every evaluation at ``tiny`` scale goes through :func:`generate`, so it is built for
+speed on small models, where the per-step cost is dominated by overhead rather than FLOPs:
+
+* prompts are left-padded; positions restart at 0 on each prompt's first real token; a 4-D mask is
+  built once and passed to the model as-is (no per-step mask construction);
+* the KV cache is preallocated (:class:`PreallocCache`, a ``transformers.Cache``): one slice write per
+  layer and step instead of ``DynamicCache``'s ``torch.cat`` of the whole cache;
+* during decoding the model runs with a registered attention function (:data:`ATTN_IMPL`) that folds
+  the grouped query heads onto their shared KV head instead of copying K/V ``n_rep`` times;
+* rows that emitted EOS are dropped from the batch (KV cache included) once enough of them have
+  accumulated (:data:`COMPACT_FRACTION`); decoding stops as soon as every row is done.
+
+The loop is written around :class:`DecodeState` (one model, one batch: cache, mask, positions) so that
+several models can be stepped together: :func:`generate_with` takes a list of states and a ``combine``
+function that maps their next-token logits to the logits to sample from (test-time extrapolation
+decoding mixes an RL model with its base model this way). :func:`generate` is the one-model case.
+
+Randomness: one uniform number per (prompt, step) is drawn up front from a ``torch.Generator`` seeded
+with ``seed`` and each token is sampled by inverting the CDF of its (filtered) distribution. Which
+uniform a token uses therefore depends only on the prompt's index and the step, not on
+``batch_size``, the row compaction or the device: the same inputs and seed give identical outputs.
+Changing ``batch_size`` can only change an output through floating-point differences of the model's
+forward under a different batch shape (a token exactly at a CDF boundary), which is vanishingly rare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ATTN_IMPL = "creditlab_decode"
+"""Name under which the sampler's attention function is registered in ``transformers``."""
+
+COMPACT_FRACTION = 0.25
+"""Finished rows are dropped from the batch once they are at least this fraction of its rows."""
+
+DEFAULT_BATCH_SIZE = 512
+"""Prompts decoded together when ``batch_size`` is None."""
+
+Combine = Callable[[list[Tensor]], Tensor]
+
+
+@dataclass
+class Generation:
+    """Output of :func:`generate`, one entry per prompt, in input order.
+
+    response_ids: generated tokens without padding; ends with EOS when EOS was emitted.
+    finished: True when EOS was emitted within ``max_new_tokens``.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    finished: list[bool]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the logits.
+
+    greedy: argmax (the other fields are ignored). Otherwise, in HF order: logits / temperature, then
+    top-k (0 = off), then nucleus top-p (1.0 = off; HF semantics: keep the smallest set of tokens
+    whose cumulative probability reaches top_p, always keeping the most likely token).
+    """
+
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.greedy:
+            return
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling (use greedy=True), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+# --------------------------------------------------------------------------------------------- attention
+def decode_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """Attention function used while the sampler runs a model (registered as :data:`ATTN_IMPL`).
+
+    query: [B, H, q, D]; key, value: [B, Hkv, L, D]; attention_mask: [B, 1, q, L], bool (True = attend)
+    or additive float. Returns ([B, q, H, D], None) like the ``transformers`` attention functions.
+
+    With one query token (a decode step), the ``H / Hkv`` query heads of each KV group are folded into
+    the query-length axis, so every group is one [rep, D] x [D, L] product against its KV head and the
+    cache is never copied. Prefill (q > 1) is delegated to the ``transformers`` SDPA function.
+    """
+    batch, n_heads, q_len, head_dim = query.shape
+    if q_len > 1 or dropout > 0.0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling)
+    n_kv = key.shape[1]
+    scale = head_dim**-0.5 if scaling is None else scaling
+    q = query.view(batch, n_kv, n_heads // n_kv, head_dim)  # [B, Hkv, rep, D]
+    scores = torch.matmul(q, key.transpose(2, 3)) * scale  # [B, Hkv, rep, L]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs, value)  # [B, Hkv, rep, D]
+    return out.view(batch, 1, n_heads, head_dim), None
+
+
+AttentionInterface.register(ATTN_IMPL, decode_attention)
+
+
+@contextmanager
+def decode_attention_enabled(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` with :func:`decode_attention` inside the block; restore its attention after."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = ATTN_IMPL
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+# --------------------------------------------------------------------------------------------- KV cache
+class PreallocLayer(CacheLayerMixin):
+    """One layer's KV cache in preallocated buffers [B, Hkv, capacity, D]; ``length`` slots are filled."""
+
+    is_sliding = False
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        """Allocate the buffers with the shape, dtype and device of the first states [B, Hkv, q, D]."""
+        b, h, _, dk = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros(b, h, self.capacity, dk)
+        self.values = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """Append states [B, Hkv, q, D]; return views of all cached keys and values [B, Hkv, length, D]."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} tokens > capacity {self.capacity}")
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` [B'] (int64, on the cache's device)."""
+        if self.is_initialized:
+            self.keys = self.keys.index_select(0, rows)
+            self.values = self.values.index_select(0, rows)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_cache_shape(self) -> int:
+        return self.capacity
+
+
+class PreallocCache(Cache):
+    """A ``transformers`` cache of :class:`PreallocLayer` (one per decoder layer) that can drop rows."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[PreallocLayer(capacity) for _ in range(num_layers)])
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` [B'] in every layer."""
+        for layer in self.layers:
+            layer.select_rows(rows)
+
+
+# --------------------------------------------------------------------------------------------- decode state
+class DecodeState:
+    """Incremental decoding of one model over one batch: KV cache, attention mask and positions.
+
+    Usage: ``logits = state.prefill(ids, mask, max_new_tokens)`` then ``logits = state.step(tokens)``
+    once per generated token, and ``state.select_rows(rows)`` to drop finished rows. Must be used
+    inside :func:`decode_attention_enabled` (``generate_with`` does it) and under ``torch.no_grad``.
+    A state can be reused: ``prefill`` starts a new batch.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache: PreallocCache | None = None
+        self.bias: Tensor | None = None  # [B, 1, 1, capacity] additive: 0 = attend, -inf = prompt padding
+        self.next_pos: Tensor | None = None  # [B, 1] position id of the next token
+        self.length = 0  # filled cache slots (prompt width + generated tokens)
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> Tensor:
+        """Run the left-padded prompts and return the next-token logits.
+
+        input_ids, attention_mask: [B, P] (mask 1 = real token, padding on the left).
+        Returns logits [B, V] (float32) at each prompt's last position.
+        """
+        ids = input_ids.to(self.device)
+        real = attention_mask.to(self.device).bool()  # [B, P]
+        batch, width = ids.shape
+        capacity = width + max(max_new_tokens, 1)
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        self.next_pos = positions[:, -1:] + 1
+        self.bias = torch.zeros(batch, 1, 1, capacity, device=self.device)
+        self.bias[:, 0, 0, :width].masked_fill_(~real, float("-inf"))
+        self.cache = PreallocCache(self.model.config.num_hidden_layers, capacity)
+        self.length = width
+        return self._forward(ids, _prefill_mask(real), positions)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed one token per row, tokens [B] (int64); return the next-token logits [B, V] (float32)."""
+        self.length += 1
+        logits = self._forward(tokens.view(-1, 1), self.bias[..., : self.length], self.next_pos)
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def select_rows(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` [B'] (int64, any device) in the cache, mask and positions."""
+        rows = rows.to(self.device)
+        self.cache.select_rows(rows)
+        self.bias = self.bias.index_select(0, rows)
+        self.next_pos = self.next_pos.index_select(0, rows)
+
+    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+        """ids, positions [B, q]; mask [B, 1, q, L] -> logits of the last position [B, V] (float32)."""
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+
+def _prefill_mask(real: Tensor) -> Tensor:
+    """Causal + padding mask [B, 1, P, P] (bool, True = attend) from the real-token mask real [B, P].
+
+    Padding queries also attend to themselves so that no row is fully masked (which would give NaN).
+    """
+    width = real.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=real.device).tril()
+    mask = causal & real[:, None, :]  # [B, P, P]
+    mask |= torch.eye(width, dtype=torch.bool, device=real.device)
+    return mask[:, None]
+
+
+# --------------------------------------------------------------------------------------------- sampling
+def filter_logits(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Temperature and top-k on logits [B, V] -> logits [B, V] with removed tokens at -inf (HF order)."""
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return logits
+
+
+def nucleus(logits: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """Top-p filter with HF semantics on logits [B, V].
+
+    Returns (sorted_logits [B, V] ascending with tokens outside the nucleus at -inf, order [B, V] the
+    vocabulary ids of the sorted entries). The most likely token is always kept.
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cum <= (1 - top_p)
+    remove[:, -1] = False
+    return sorted_logits.masked_fill(remove, float("-inf")), order
+
+
+def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """Sample one index per row of unnormalised probs [B, V] from uniforms [B] in [0, 1) -> [B] int64.
+
+    Index j is returned iff cdf[j-1] <= u * total < cdf[j]: zero-probability entries are never chosen
+    (u < 1 gives u * total < total in floating point, so the index is always < V).
+    """
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    target = uniforms[:, None] * cdf[:, -1:]  # [B, 1]
+    return (cdf <= target).sum(dim=-1)
+
+
+def choose_tokens(logits: Tensor, params: SamplingParams, uniforms: Tensor | None) -> Tensor:
+    """Next tokens [B] (int64) from logits [B, V]; uniforms [B] in [0, 1) drive the sampling."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits, params)
+    if params.top_p < 1.0:
+        sorted_logits, order = nucleus(logits, params.top_p)
+        idx = inverse_cdf(torch.softmax(sorted_logits, dim=-1), uniforms)
+        return order.gather(1, idx[:, None]).squeeze(1)
+    return inverse_cdf(torch.softmax(logits, dim=-1), uniforms)
+
+
+# --------------------------------------------------------------------------------------------- generation
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists -> (input_ids [B, P] int64, attention_mask [B, P] int64, 1 = real token)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def _decode_batch(
+    states: Sequence[DecodeState],
+    combine: Combine,
+    prompts: Sequence[Sequence[int]],
+    uniforms: Tensor | None,
+    params: SamplingParams,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+) -> tuple[list[list[int]], list[bool]]:
+    """Decode one batch of prompts with all ``states`` stepped together.
+
+    uniforms: [B, max_new_tokens] (None when greedy). Returns (responses, finished) per prompt.
+    Rows that emitted EOS stay in the batch (fed ``pad_id``, output ignored) until they are at least
+    ``COMPACT_FRACTION`` of the rows, then they are dropped from every state.
+    """
+    ids, mask = left_pad(prompts, pad_id)
+    device = states[0].device
+    n = len(prompts)
+    out = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    n_gen = torch.zeros(n, dtype=torch.long, device=device)
+    hit_eos = torch.zeros(n, dtype=torch.bool, device=device)
+    rows = torch.arange(n, device=device)  # batch position -> prompt index in this batch
+    alive = torch.ones(n, dtype=torch.bool, device=device)
+    uniforms = uniforms.to(device) if uniforms is not None else None
+    logits = combine([s.prefill(ids, mask, max_new_tokens) for s in states])
+    for t in range(max_new_tokens):
+        u = uniforms[rows, t] if uniforms is not None else None
+        tok = choose_tokens(logits, params, u).masked_fill_(~alive, pad_id)
+        out[rows, t] = tok
+        n_gen[rows] += alive
+        done = tok == eos_id
+        hit_eos[rows] |= done
+        alive &= ~done
+        n_alive = int(alive.sum())
+        if n_alive == 0 or t == max_new_tokens - 1:
+            break
+        if len(rows) - n_alive >= COMPACT_FRACTION * len(rows):
+            keep = alive.nonzero().squeeze(1)
+            for s in states:
+                s.select_rows(keep)
+            rows, alive, tok = rows[keep], alive[keep], tok[keep]
+        logits = combine([s.step(tok) for s in states])
+    lengths = n_gen.tolist()
+    responses = [r[:k] for r, k in zip(out.tolist(), lengths)]
+    return responses, hit_eos.tolist()
+
+
+def generate_with(
+    states: Sequence[DecodeState],
+    combine: Combine,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    params: SamplingParams = SamplingParams(),
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> Generation:
+    """Decode ``prompt_ids`` stepping every state in ``states`` together.
+
+    At each step ``combine([logits_1, ..., logits_m])`` (each [B, V] float32, one per state, same row
+    order) returns the logits [B, V] the next token is chosen from with ``params`` (log-probabilities
+    or any unnormalised logits); the chosen tokens are fed to every state. All states' models must
+    share the vocabulary and live on the same device. ``batch_size`` prompts are decoded at a time
+    (None: :data:`DEFAULT_BATCH_SIZE`). See the module docstring for the random stream.
+    """
+    prompts = [list(p) for p in prompt_ids]
+    if not states:
+        raise ValueError("generate_with needs at least one DecodeState")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not prompts or max_new_tokens == 0:
+        return Generation(prompts, [[] for _ in prompts], [False] * len(prompts))
+    uniforms = None
+    if not params.greedy:
+        gen = torch.Generator().manual_seed(seed)
+        uniforms = torch.rand(len(prompts), max_new_tokens, generator=gen)
+    size = batch_size or DEFAULT_BATCH_SIZE
+    responses: list[list[int]] = []
+    finished: list[bool] = []
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for model in {id(s.model): s.model for s in states}.values():
+            stack.enter_context(decode_attention_enabled(model))
+        for start in tqdm(range(0, len(prompts), size), desc="generate", unit="batch", disable=not progress):
+            chunk = slice(start, start + size)
+            r, f = _decode_batch(states, combine, prompts[chunk], None if uniforms is None else uniforms[chunk],
+                                 params, max_new_tokens, eos_id, pad_id)
+            responses += r
+            finished += f
+    return Generation(prompts, responses, finished)
+
+
+def _single(logits: list[Tensor]) -> Tensor:
+    """Identity combine for one model: its logits [B, V]."""
+    return logits[0]
+
+
+def generate(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> Generation:
+    """Sample (or greedily decode) up to ``max_new_tokens`` tokens after each prompt with ``model``.
+
+    prompt_ids: token lists of any lengths (left-padded internally with ``pad_id``). Decoding of a row
+    stops after it emits ``eos_id`` (included in its response). Greedy decoding matches
+    ``model.generate(do_sample=False)``; sampling applies temperature, top-k, then top-p (HF
+    semantics) and is reproducible: same inputs and ``seed`` -> same outputs (see module docstring).
+    The model's train/eval mode is left as is; runs on the model's device.
+    """
+    params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k)
+    return generate_with([DecodeState(model)], _single, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                         pad_id=pad_id, params=params, seed=seed, batch_size=batch_size, progress=progress)
