@@ -15,7 +15,7 @@ ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use
 RESULTS = config["results"]
 SCALE = PLAN.scale
 CLI = (
-    f"{sys.executable} -m creditlab --quiet --results {RESULTS} --scale {SCALE} "
+    f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} "
     f"--seeds {','.join(map(str, PLAN.seeds))} --papers {','.join(config['papers'])}"
 )
 

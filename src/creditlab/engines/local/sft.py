@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from creditlab.data.schema import render_prompt
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.trainer import _autocast, _device, lr_lambda
+from creditlab.progress import progress as progress_bar
 
 
 def sft_examples(records: list[dict], tokenizer, template: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -41,8 +41,8 @@ def warmup(model, tokenizer, records: list[dict], cfg: dict[str, Any], seed: int
     rng = np.random.default_rng([seed, 7])
     order = rng.permutation(len(records))
     history, pos, t0 = [], 0, time.perf_counter()
-    bar = tqdm(range(w["steps"]), desc="sft warm-up", disable=not progress, dynamic_ncols=True)
-    for step in bar:
+    bar = progress_bar(w["steps"], "sft warm-up", enabled=progress)
+    for step in range(w["steps"]):
         if pos + w["batch_size"] > len(order):
             order, pos = rng.permutation(len(records)), 0
         idx = order[pos : pos + w["batch_size"]]
@@ -63,6 +63,8 @@ def warmup(model, tokenizer, records: list[dict], cfg: dict[str, Any], seed: int
         if log_fn is not None:
             log_fn(m, step)
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.update(1)
+    bar.close()
     return history
 
 

@@ -30,12 +30,12 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from creditlab.algos import registry
 from creditlab.algos.credit.base import CreditInputs
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
+from creditlab.progress import progress
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -114,6 +114,7 @@ class Trainer:
         self.credit_fns = [(registry.get("credit", c["name"]), {k: v for k, v in c.items() if k != "name"})
                            for c in self.mcfg.get("credit") or []]
         self.step = 0
+        self._t_reward = 0.0
         self.history: list[dict[str, float]] = []
 
     # ----------------------------------------------------------------------------- checkpoints
@@ -167,7 +168,9 @@ class Trainer:
         self.model.train()
         texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)
         golds = [self.records[i]["answer"] for i in idx for _ in range(G)]
+        t0 = time.perf_counter()
         scores = self.scorer.score(texts, golds)
+        self._t_reward += time.perf_counter() - t0
         rewards = list(scores)
         ol = t["overlong"]
         if ol["enable"]:
@@ -203,9 +206,9 @@ class Trainer:
     # ----------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
         t, m = self.tcfg, self.mcfg
-        t0 = time.perf_counter()
+        t0, self._t_reward = time.perf_counter(), 0.0
         ro, info = self.collect(step)
-        t_gen = time.perf_counter() - t0
+        t_gen = time.perf_counter() - t0 - self._t_reward
         metrics: dict[str, float] = {"step": step}
         metrics.update({k: v for k, v in info.items() if k != "train_reward_mean"})
         lens = [len(r) for r in ro.responses]
@@ -265,7 +268,7 @@ class Trainer:
             adv_abs_mean=adv.abs().mean().item(),
             credit_weight_mean=weights[tok_mask].mean().item(),
             lr=self.sched.get_last_lr()[0],
-            t_gen=t_gen, t_old_forward=t_fwd, t_update=t_update, t_step=time.perf_counter() - t0,
+            t_gen=t_gen, t_reward=self._t_reward, t_old_forward=t_fwd, t_update=t_update, t_step=time.perf_counter() - t0,
         )
         return metrics
 
@@ -273,8 +276,7 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         """Run (or resume) until ``trainer.steps``; returns the per-step metric history."""
         t = self.tcfg
-        bar = tqdm(total=t["steps"], initial=self.step, desc="rl steps", disable=not self.progress,
-                   dynamic_ncols=True)
+        bar = progress(t["steps"], "rl steps", initial=self.step, enabled=self.progress)
         while self.step < t["steps"]:
             metrics = self.train_step(self.step)
             self.history.append(metrics)

@@ -1,0 +1,78 @@
+"""Local engine pieces: packing, the one forward (log-probs, entropy, hidden states), shaping, DS."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from creditlab.engines.local.batch import pack, response_forward
+from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda, overlong_penalty
+from creditlab.models.tiny import build_model
+
+ARCH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+            intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(ARCH, vocab_size=24, pad_id=0, bos_id=1, eos_id=2, seed=3).eval()
+
+
+def test_pack_left_pads_prompts_and_right_pads_responses():
+    b = pack([[1, 5, 6], [1, 7]], [[8, 2], [9, 10, 11, 2]], pad_id=0)
+    assert b.input_ids.tolist() == [[1, 5, 6, 8, 2, 0, 0], [0, 1, 7, 9, 10, 11, 2]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1]]
+    assert b.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    sub = b.select(torch.tensor([0]))  # all-padding columns trimmed on both sides
+    assert sub.input_ids.tolist() == [[1, 5, 6, 8, 2]] and sub.response_mask.tolist() == [[1, 1]]
+
+
+def test_response_forward_matches_per_sequence_reading(model):
+    prompts, responses = [[1, 5, 6, 7], [1, 9]], [[3, 4, 2], [10, 11, 12, 13, 2]]
+    b = pack(prompts, responses, pad_id=0)
+    with torch.no_grad():
+        out = response_forward(model, b, with_entropy=True, with_hidden=True)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            logits = model(torch.tensor([p + r])).logits[0].float()  # unpadded, alone
+            lp = torch.log_softmax(logits, -1)
+            for t, tok in enumerate(r):
+                row = lp[len(p) - 1 + t]
+                assert out.logp[i, t].item() == pytest.approx(row[tok].item(), abs=1e-4)
+                assert out.entropy[i, t].item() == pytest.approx(-(row.exp() * row).sum().item(), abs=1e-4)
+        # h_t is the LM-head input: lm_head(h) reproduces the log-probs of the same forward
+        relp = torch.log_softmax(model.lm_head(out.hidden).float(), -1)
+        torch.testing.assert_close(relp.gather(-1, b.responses.unsqueeze(-1)).squeeze(-1), out.logp)
+
+
+def test_overlong_penalty_reads_dapo_formula():
+    assert overlong_penalty(40, max_len=64, buffer=16, factor=1.0) == 0.0
+    assert overlong_penalty(48, 64, 16, 1.0) == 0.0
+    assert overlong_penalty(56, 64, 16, 1.0) == pytest.approx(-0.5)
+    assert overlong_penalty(64, 64, 16, 1.0) == pytest.approx(-1.0)
+
+
+def test_lr_schedule():
+    assert lr_lambda(0, 10, 100, "constant") == pytest.approx(0.1)
+    assert lr_lambda(50, 10, 100, "constant") == 1.0
+    assert lr_lambda(10, 10, 100, "cosine") == pytest.approx(1.0)
+    assert lr_lambda(100, 10, 100, "cosine") == pytest.approx(0.1)
+    assert lr_lambda(55, 10, 100, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    with pytest.raises(ValueError, match="valid choices"):
+        lr_lambda(0, 0, 10, "linear")
+
+
+def test_dynamic_sampling_keeps_only_groups_with_differing_scores():
+    G = 2
+    def ro(scores, gid0):
+        n = len(scores)
+        return Rollouts([[1]] * n, [[2]] * n, [True] * n, scores, [s - 0.1 for s in scores],
+                        [gid0 + i // G for i in range(n)])
+    f = _Filtered()
+    f.add_informative(ro([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], 0), G)  # only group 0 informative
+    assert f.n_groups(G) == 1
+    f.add_informative(ro([0.0, 1.0, 1.0, 0.0], 10), G)
+    out = f.take(4)
+    assert out.group_ids == [0, 0, 10, 10] and out.scores == [1.0, 0.0, 0.0, 1.0]
+    assert out.rewards == pytest.approx([0.9, -0.1, -0.1, 0.9])
