@@ -4,12 +4,14 @@
 #   snakemake --cores 2               # build everything
 #   snakemake --cores 2 table_dlogp_main   # one table
 #   snakemake --report results/report.html
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
-configfile: "configs/pipeline.yaml"
+configfile: os.path.join(workflow.basedir, "configs/pipeline.yaml")
 
 
 validate(config, "workflow/schemas/pipeline.schema.yaml")

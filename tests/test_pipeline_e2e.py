@@ -23,8 +23,10 @@ pytestmark = pytest.mark.e2e
 def _snakemake(*args: str, results: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [SNAKEMAKE, "--cores", "2", "--config", "scale=micro", f"results={results}", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    # own working directory: no lock shared with a user's run in the repository
+    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(results.parent), "--cores", "2",
+           "--config", "scale=micro", f"results={results}", *args]
+    return subprocess.run(cmd, cwd=results.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

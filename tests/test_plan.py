@@ -68,8 +68,9 @@ def test_unknown_registered_name_fails(tmp_path):
 
 @pytest.mark.parametrize("override, needle", [("papers=[nope]", "nope"), ("scale=huge", "huge"), ("sedes=[0]", "sedes")])
 def test_snakemake_rejects_bad_pipeline_config_before_any_job(override, needle, tmp_path):
-    proc = subprocess.run([SNAKEMAKE, "-n", "--config", override, f"results={tmp_path}"], cwd=REPO,
+    proc = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n",
+                           "--config", override, f"results={tmp_path}/results"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert needle in proc.stdout + proc.stderr
-    assert not any(tmp_path.iterdir())  # nothing ran
+    assert not (tmp_path / "results").exists()  # nothing ran

@@ -1,4 +1,5 @@
 # Shared by all the .smk files: the plan (unique runs of every table), path patterns, the CLI prefix.
+import os
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -14,6 +15,8 @@ except (PlanError, ValueError) as err:
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
 SCALE = PLAN.scale
+if config.get("mlflow_uri"):  # jobs inherit the environment; not a param, so no re-run when it changes
+    os.environ["MLFLOW_TRACKING_URI"] = config["mlflow_uri"]
 CLI = (
     f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} "
     f"--seeds {','.join(map(str, PLAN.seeds))} --papers {','.join(config['papers'])}"
