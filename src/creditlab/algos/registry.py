@@ -45,3 +45,4 @@ def _load_builtin() -> None:
     # Importing the method modules registers them.
     from creditlab.algos import advantages, batching, losses  # noqa: F401
     from creditlab.algos import credit  # noqa: F401
+    from creditlab import rewards  # noqa: F401  (registers the reward functions)

@@ -1,0 +1,276 @@
+"""Evaluate a causal LM on benchmark suites: greedy + k samples per question, scored and summarised.
+
+For each suite: render and tokenize every question, decode one greedy response and ``k`` sampled
+responses (temperature / top-p) per question with the local KV-cache sampler, score them with a
+:class:`~creditlab.rewards.scorer.RewardScorer` (correct = score > 0), write every generation to
+``out_dir/<suite>.jsonl`` and summarise greedy accuracy, avg@k and unbiased pass@j with bootstrap
+CIs. ``out_dir/metrics.json`` holds the summary of every suite, per-question counts (so that
+tables can recompute any metric) and averages over suites, plain and question-count weighted.
+
+Reproducibility: the sampling seed of a suite is derived from ``seed`` and the suite name only, so a
+suite's samples do not depend on which other suites are evaluated or in which order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from creditlab.data.schema import render_prompt
+from creditlab.engines.local.sampler import Generation, generate
+from creditlab.eval.metrics import bootstrap_average, per_question_metrics, summarize_suite
+from creditlab.rewards.scorer import RewardScorer
+
+GREEDY_SAMPLE = -1
+"""Value of the ``sample`` field of the greedy generation in the per-sample jsonl."""
+
+N_BOOT, ALPHA = 2000, 0.05
+"""Bootstrap resamples and (1 - confidence level) of every CI in metrics.json."""
+
+
+def suite_seed(seed: int, suite: str) -> int:
+    """Sampling seed of ``suite``: a deterministic function of ``seed`` and the suite name (31 bits)."""
+    return (seed * 1_000_003 + zlib.crc32(suite.encode("utf-8"))) % (2**31 - 1)
+
+
+def encode_prompts(tokenizer: Any, records: Sequence[dict], template: str) -> tuple[list[str], list[list[int]]]:
+    """Rendered prompts and their token ids (the tokenizer adds BOS) for each record's question."""
+    prompts = [render_prompt(rec["question"], template) for rec in records]
+    return prompts, [list(tokenizer(p)["input_ids"]) for p in prompts]
+
+
+def _write_jsonl_atomic(rows: Sequence[dict], path: Path) -> None:
+    """Write ``rows`` as JSON lines to ``path`` via a temporary file: readers never see a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _check_args(suites: dict[str, list[dict]], k: int, ks: Sequence[int]) -> None:
+    """Fail before any decoding on arguments that could only fail after it."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    bad = [j for j in ks if not 1 <= j <= k]
+    if bad:
+        raise ValueError(f"every pass@j needs 1 <= j <= k={k}; got {bad}")
+    empty = [name for name, recs in suites.items() if not recs]
+    if empty:
+        raise ValueError(f"suite(s) without records: {empty}")
+
+
+def _decode_suite(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompt_ids: list[list[int]],
+    *,
+    k: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    batch_size: int | None,
+    progress: bool,
+) -> tuple[Generation, Generation]:
+    """Greedy generation (one per prompt) and sampled generation (k per prompt, question-major)."""
+    common = dict(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, batch_size=batch_size,
+                  pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+                  progress=progress)  # fmt: skip
+    greedy = generate(model, prompt_ids, greedy=True, seed=seed, **common)
+    repeated = [ids for ids in prompt_ids for _ in range(k)]
+    sampled = generate(model, repeated, greedy=False, temperature=temperature, top_p=top_p, seed=seed, **common)
+    return greedy, sampled
+
+
+def _generation_rows(
+    suite: str,
+    records: Sequence[dict],
+    prompts: Sequence[str],
+    responses: list[list[int]],
+    finished: list[bool],
+    k: int,
+    tokenizer: Any,
+    scorer: RewardScorer,
+) -> list[dict]:
+    """One jsonl row per generation: the Q greedy ones first in ``responses``, then Q*k samples.
+
+    Rows are returned grouped by question: greedy (sample -1), then samples 0..k-1.
+    """
+    q = len(records)
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
+    golds = [str(rec["answer"]) for rec in records]
+    owner = list(range(q)) + [i for i in range(q) for _ in range(k)]  # generation -> question
+    sample = [GREEDY_SAMPLE] * q + [j for _ in range(q) for j in range(k)]
+    scores = scorer.score(texts, [golds[i] for i in owner])
+    order = sorted(range(len(owner)), key=lambda g: (owner[g], sample[g]))
+    return [
+        {
+            "id": records[owner[g]]["id"], "suite": suite, "sample": sample[g], "prompt": prompts[owner[g]],
+            "response": texts[g], "pred": scorer.extract(texts[g]), "gold": golds[owner[g]],
+            "correct": bool(scores[g] > 0), "score": scores[g], "n_tokens": len(responses[g]),
+            "finished": bool(finished[g]),
+        }  # fmt: skip
+        for g in order
+    ]
+
+
+def _suite_arrays(rows: Sequence[dict], q: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """greedy [Q] and samples [Q, k] 0/1 arrays from rows grouped by question (greedy first)."""
+    per_question = np.array([r["correct"] for r in rows], dtype=np.float64).reshape(q, k + 1)
+    return per_question[:, 0], per_question[:, 1:]
+
+
+def _length_stats(rows: Sequence[dict], greedy: bool) -> dict[str, float]:
+    chosen = [r for r in rows if (r["sample"] == GREEDY_SAMPLE) == greedy]
+    return {
+        "mean_response_tokens": float(np.mean([r["n_tokens"] for r in chosen])),
+        "truncated_frac": float(np.mean([not r["finished"] for r in chosen])),
+    }
+
+
+def evaluate_suite(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    suite: str,
+    records: list[dict],
+    *,
+    k: int,
+    ks: Sequence[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    template: str,
+    seed: int,
+    scorer: RewardScorer,
+    out_dir: Path,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Decode, score and summarise one suite; writes ``out_dir/<suite>.jsonl``; returns its summary.
+
+    ``seed`` is the suite's own sampling seed (see :func:`suite_seed`). The summary's
+    ``mean_response_tokens`` / ``truncated_frac`` are over the k sampled generations (greedy ones
+    under ``greedy_*``); ``n_tokens`` counts the EOS token when it was emitted.
+    """
+    if len({rec["id"] for rec in records}) != len(records):
+        raise ValueError(f"suite {suite!r} has duplicate record ids")
+    t0 = time.perf_counter()
+    prompts, prompt_ids = encode_prompts(tokenizer, records, template)
+    greedy_gen, sampled_gen = _decode_suite(
+        model, tokenizer, prompt_ids, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=top_p, seed=seed, batch_size=batch_size, progress=progress,
+    )  # fmt: skip
+    responses = list(greedy_gen.response_ids) + list(sampled_gen.response_ids)
+    finished = list(greedy_gen.finished) + list(sampled_gen.finished)
+    rows = _generation_rows(suite, records, prompts, responses, finished, k, tokenizer, scorer)
+    _write_jsonl_atomic(rows, out_dir / f"{suite}.jsonl")
+    greedy, samples = _suite_arrays(rows, len(records), k)
+    sampled_stats, greedy_stats = _length_stats(rows, greedy=False), _length_stats(rows, greedy=True)
+    return {
+        "n_questions": len(records),
+        "k": k,
+        "metrics": summarize_suite(greedy, samples, ks, n_boot=N_BOOT, alpha=ALPHA),
+        "per_question": {
+            "ids": [rec["id"] for rec in records],
+            "greedy": greedy.astype(int).tolist(),
+            "n": k,
+            "c": samples.sum(axis=1).astype(int).tolist(),
+        },
+        **sampled_stats,
+        **{f"greedy_{name}": value for name, value in greedy_stats.items()},
+        "seed": seed,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def average_over_suites(suite_results: dict[str, dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
+    """Every metric averaged over suites, ``plain`` (mean of suite means) and ``count`` (weighted by
+    question count), each ``{"mean", "lo", "hi"}`` with a stratified bootstrap CI over questions."""
+    per_suite: dict[str, list[np.ndarray]] = {}
+    for res in suite_results.values():
+        pq = res["per_question"]
+        n, c = pq["n"], np.asarray(pq["c"])
+        samples = (np.arange(n)[None, :] < c[:, None]).astype(np.float64)  # any layout with c correct
+        for name, values in per_question_metrics(pq["greedy"], samples, ks).items():
+            per_suite.setdefault(name, []).append(values)
+    out: dict[str, Any] = {}
+    for name, arrays in per_suite.items():
+        out[name] = {}
+        for weighting in ("plain", "count"):
+            mean, lo, hi = bootstrap_average(arrays, weighting=weighting, n_boot=N_BOOT, alpha=ALPHA)
+            out[name][weighting] = {"mean": mean, "lo": lo, "hi": hi}
+    return out
+
+
+def evaluate_model(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    suites: dict[str, list[dict]],
+    *,
+    k: int,
+    ks: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    template: str,
+    seed: int,
+    scorer: RewardScorer,
+    out_dir: Path,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate ``model`` on every suite; write ``<suite>.jsonl`` files and ``metrics.json`` in ``out_dir``.
+
+    suites: suite name -> records (dicts with at least ``id``, ``question``, ``answer``).
+    Per question: one greedy decode and ``k`` samples at ``temperature`` / ``top_p``. Returns (and
+    writes) ``{"suites": {name: evaluate_suite(...)}, "average": average_over_suites(...), "k", "ks",
+    "settings": {...}, "reward_stats": {...}}``; all accuracies are fractions in [0, 1]. The model
+    is run in eval mode and restored to its previous mode afterwards.
+    """
+    _check_args(suites, k, ks)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name in tqdm(list(suites), desc="eval suites", unit="suite", disable=not progress):
+            results[name] = evaluate_suite(
+                model, tokenizer, name, suites[name], k=k, ks=ks, max_new_tokens=max_new_tokens,
+                temperature=temperature, top_p=top_p, template=template, seed=suite_seed(seed, name),
+                scorer=scorer, out_dir=out_dir, batch_size=batch_size, progress=progress,
+            )  # fmt: skip
+    finally:
+        model.train(was_training)
+    result = {
+        "suites": results,
+        "average": average_over_suites(results, ks),
+        "k": k,
+        "ks": list(ks),
+        "settings": {
+            "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
+            "template": template, "batch_size": batch_size, "reward": scorer.reward,
+            "reward_timeout_s": scorer.timeout_s, "n_boot": N_BOOT, "alpha": ALPHA,
+        },  # fmt: skip
+        "reward_stats": scorer.stats,
+    }
+    _write_json_atomic(result, out_dir / "metrics.json")
+    return result

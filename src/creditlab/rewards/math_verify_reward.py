@@ -1,0 +1,238 @@
+"""Verifiable-answer rewards: math-verify on the last ``\\boxed{}`` and DAPO's ``Answer:`` check.
+
+Each reward is split into two steps so that :class:`creditlab.rewards.scorer.RewardScorer` can cache
+and sandbox it:
+
+* ``extract(response) -> answer | None``: cheap, pure string work, run in the calling process;
+* ``judge(answer, gold) -> float``: possibly slow (sympy), run in a worker process with a hard
+  wall-clock timeout.
+
+The score of a response depends only on ``(extracted answer, gold)``, which is the cache key.
+
+Registered functions (kind ``"reward"``), signature ``fn(response: str, gold: str) -> float``:
+
+* ``math_verify`` -- :func:`math_verify_score`: 1.0 if math-verify judges the last boxed answer
+  equal to the gold answer, else 0.0 (no boxed answer -> 0.0). The reward of the Δlog p, DelTA,
+  cancellation, ARCA and DFPO papers.
+* ``dapo_answer`` -- :func:`dapo_answer_score`: DAPO's own reward (verl ``math_dapo``): +1.0 if the
+  text after the last ``Answer:`` (within the last 300 characters) equals the gold answer after
+  Minerva-style normalisation, else -1.0.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+from creditlab.algos.registry import register
+
+# ----------------------------------------------------------------------------------------------
+# Extraction
+# ----------------------------------------------------------------------------------------------
+
+_BOXED = "\\boxed{"
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text``, with balanced (possibly nested) braces.
+
+    ``"a \\boxed{1} b \\boxed{\\frac{1}{2}}"`` -> ``"\\frac{1}{2}"``. Returns None when there is no
+    ``\\boxed{`` or when the last one is never closed. A backslash escapes the next character, so
+    ``\\{`` and ``\\}`` inside the box are literal braces, not grouping ones.
+    """
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    depth = 1
+    i = start + len(_BOXED)
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # a backslash and the character it escapes (\{, \}, \\) are one unit
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + len(_BOXED) : i]
+        i += 1
+    return None
+
+
+# DAPO (verl math_dapo.compute_score) only looks at the tail of the response.
+DAPO_TAIL_CHARS = 300
+_DAPO_ANSWER = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+
+
+def extract_dapo_answer(text: str) -> str | None:
+    """Text after the last ``Answer:`` (case-insensitive) on its line, searched in the last 300 chars.
+
+    Returns None when there is no such line (DAPO then scores -1).
+    """
+    matches = _DAPO_ANSWER.findall(text[-DAPO_TAIL_CHARS:])
+    return matches[-1] if matches else None
+
+
+# ----------------------------------------------------------------------------------------------
+# DAPO / Minerva answer normalisation (the reading of verl's math_dapo.normalize_final_answer)
+# ----------------------------------------------------------------------------------------------
+
+_DAPO_SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)  # fmt: skip
+_DAPO_REMOVED: tuple[str, ...] = (
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots",
+    "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds",
+    "meters", "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}",
+    "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
+    "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
+)  # fmt: skip
+_DAPO_REGEX_RULES: tuple[tuple[str, str], ...] = (
+    (r"(.*?)(\$)(.*?)(\$)(.*)", r"$\3$"),  # keep only the first $...$ span
+    (r"(\\text\{)(.*?)(\})", r"\2"),
+    (r"(\\textbf\{)(.*?)(\})", r"\2"),
+    (r"(\\overline\{)(.*?)(\})", r"\2"),
+    (r"(\\boxed\{)(.*)(\})", r"\2"),
+    (r"(frac)([^{])(.)", r"frac{\2}{\3}"),  # \fracab -> \frac{a}{b}
+    (r"(sqrt)([^{])", r"sqrt{\2}"),  # \sqrta -> \sqrt{a}
+)
+
+
+def normalize_dapo_answer(answer: str) -> str:
+    """Minerva/DAPO normalisation of a final answer, as verl's ``math_dapo.normalize_final_answer``.
+
+    Keeps the right-hand side of the last ``=``, drops spaces, units and ``\\text{}`` wrappers,
+    rewrites shorthand ``\\fracab``/``\\sqrta``, removes ``$`` and thousands separators of integers.
+    """
+    out = answer.split("=")[-1]
+    for before, after in _DAPO_SUBSTITUTIONS:
+        out = out.replace(before, after)
+    for expr in _DAPO_REMOVED:
+        out = out.replace(expr, "")
+    for pattern, repl in _DAPO_REGEX_RULES:
+        out = re.sub(pattern, repl, out)
+    out = out.replace("$", "")
+    if out.replace(",", "").isdigit():
+        out = out.replace(",", "")
+    return out.strip()
+
+
+# ----------------------------------------------------------------------------------------------
+# Judges: (answer, gold) -> score
+# ----------------------------------------------------------------------------------------------
+
+MATH_VERIFY_CORRECT, MATH_VERIFY_WRONG = 1.0, 0.0
+DAPO_CORRECT, DAPO_WRONG = 1.0, -1.0
+
+
+def judge_math_verify(answer: str, gold: str, internal_timeout: int | None = None) -> float:
+    """1.0 if math-verify judges ``answer`` equal to ``gold`` (both read as LaTeX), else 0.0.
+
+    Both sides are wrapped in ``\\boxed{}`` and parsed with math-verify's default extraction
+    (LaTeX, then plain expressions), so ``61`` == ``61.0`` and ``\\frac{1}{2}`` == ``0.5``.
+    ``internal_timeout`` is math-verify's own ``signal.alarm`` timeout (seconds; None disables it).
+    It only works in the main thread and cannot interrupt C-level big-number arithmetic: the
+    :class:`~creditlab.rewards.scorer.RewardScorer` disables it and enforces a hard timeout instead.
+    """
+    from math_verify import parse, verify
+
+    gold_parsed = parse(_BOXED + gold + "}", parsing_timeout=internal_timeout)
+    pred_parsed = parse(_BOXED + answer + "}", parsing_timeout=internal_timeout)
+    if not gold_parsed or not pred_parsed:
+        return MATH_VERIFY_WRONG
+    ok = verify(gold_parsed, pred_parsed, timeout_seconds=internal_timeout)
+    return MATH_VERIFY_CORRECT if ok else MATH_VERIFY_WRONG
+
+
+def judge_dapo(answer: str, gold: str) -> float:
+    """+1.0 if the normalised ``answer`` equals the normalised ``gold`` (exact string), else -1.0."""
+    return DAPO_CORRECT if normalize_dapo_answer(answer) == normalize_dapo_answer(gold) else DAPO_WRONG
+
+
+# ----------------------------------------------------------------------------------------------
+# Registered rewards: (response, gold) -> score
+# ----------------------------------------------------------------------------------------------
+
+
+@register("reward", "math_verify")
+def math_verify_score(response: str, gold: str) -> float:
+    """Binary math-verify reward of a response: 1.0 if its last ``\\boxed{}`` equals ``gold``, else 0.0.
+
+    No boxed answer (or an unbalanced one) scores 0.0. In-process call with math-verify's own 5 s
+    ``signal.alarm`` timeout (main thread only, best effort); for untrusted model outputs use
+    :class:`~creditlab.rewards.scorer.RewardScorer`, which cannot hang.
+    """
+    answer = extract_last_boxed(response)
+    if answer is None:
+        return MATH_VERIFY_WRONG
+    return judge_math_verify(answer, gold, internal_timeout=5)
+
+
+@register("reward", "dapo_answer")
+def dapo_answer_score(response: str, gold: str) -> float:
+    """DAPO's reward: +1.0 if the last ``Answer:`` line matches ``gold`` after normalisation, else -1.0.
+
+    Only the last 300 characters of the response are searched (as verl's ``math_dapo``); a
+    response without an ``Answer:`` line scores -1.0.
+    """
+    answer = extract_dapo_answer(response)
+    if answer is None:
+        return DAPO_WRONG
+    return judge_dapo(answer, gold)
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """How the scorer runs a registered reward: extract in the caller, judge in a worker.
+
+    ``failure`` is the score of a response with no answer, a judge error, a timeout or a crash.
+    ``cache_tag`` versions persisted cache entries (it changes with the judge's implementation).
+    """
+
+    name: str
+    extract: Callable[[str], str | None]
+    judge: Callable[[str, str], float]
+    failure: float
+    cache_tag: str
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:  # pragma: no cover - only without installed metadata
+        return "unknown"
+
+
+REWARD_SPECS: dict[str, RewardSpec] = {
+    "math_verify": RewardSpec(
+        name="math_verify",
+        extract=extract_last_boxed,
+        judge=judge_math_verify,
+        failure=MATH_VERIFY_WRONG,
+        cache_tag=f"math_verify/v1/math-verify=={_package_version('math-verify')}",
+    ),
+    "dapo_answer": RewardSpec(
+        name="dapo_answer",
+        extract=extract_dapo_answer,
+        judge=judge_dapo,
+        failure=DAPO_WRONG,
+        cache_tag="dapo_answer/v1",
+    ),
+}
+
+
+def get_reward_spec(name: str) -> RewardSpec:
+    """The :class:`RewardSpec` of reward ``name``; KeyError lists the valid names."""
+    if name not in REWARD_SPECS:
+        raise KeyError(f"unknown reward {name!r}; valid choices: {sorted(REWARD_SPECS)}")
+    return REWARD_SPECS[name]
+
+
+def quiet_math_verify_logs() -> None:
+    """Silence math-verify's per-call warnings (e.g. 'timeout disabled') in worker processes."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)

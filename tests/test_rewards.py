@@ -1,0 +1,223 @@
+"""Tests of the verifiable rewards and the sandboxed, cached RewardScorer."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest
+
+from creditlab.algos import registry
+from creditlab.rewards import (
+    RewardScorer,
+    dapo_answer_score,
+    extract_dapo_answer,
+    extract_last_boxed,
+    math_verify_score,
+    normalize_dapo_answer,
+)
+
+PATHOLOGICAL = "Let me compute. \\boxed{9^{9^{9^9}}}"
+
+
+# ---------------------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so \\boxed{61}", "61"),
+        ("\\boxed{1} then \\boxed{2}", "2"),  # the last box wins
+        ("\\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # nested braces
+        ("\\boxed{{a}{b{c}}}", "{a}{b{c}}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),  # escaped braces are content
+        ("\\boxed{\\left\\{ x \\right.}", "\\left\\{ x \\right."),  # unmatched escaped brace
+        ("a\\\\{b} \\boxed{3\\\\}", "3\\\\"),  # \\ is a LaTeX line break, then a real closing brace
+        ("\\boxed{}", ""),
+        ("no box here: 61", None),
+        ("\\boxed{61", None),  # never closed
+        ("\\boxed{1} and \\boxed{\\frac{1}{2}", None),  # the last box is unbalanced
+        ("\\boxed 61", None),
+        ("", None),
+    ],
+)
+def test_extract_last_boxed(text: str, expected: str | None) -> None:
+    assert extract_last_boxed(text) == expected
+
+
+def test_extract_dapo_answer_takes_last_answer_line_in_the_tail() -> None:
+    assert extract_dapo_answer("Answer: 3\nwait\nanswer : 42\n") == "42"
+    assert extract_dapo_answer("no answer line") is None
+    assert extract_dapo_answer("Answer: 7" + " filler" * 100) is None  # beyond the last 300 chars
+
+
+# ---------------------------------------------------------------------------- rewards
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        ("\\boxed{61}", "61"),
+        ("\\boxed{61.0}", "61"),
+        ("\\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{\\frac12}", "1/2"),
+        ("\\boxed{-7}", "-7"),
+        ("\\boxed{3\\sqrt{2}}", "\\sqrt{18}"),
+        ("\\boxed{x=3}", "3"),
+        ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
+        ("first \\boxed{5}, finally \\boxed{61}", "61"),
+    ],
+)
+def test_math_verify_equivalent_answers_score_one(response: str, gold: str) -> None:
+    assert math_verify_score(response, gold) == 1.0
+
+
+@pytest.mark.parametrize(
+    "response, gold",
+    [
+        ("\\boxed{62}", "61"),
+        ("\\boxed{0.51}", "\\frac{1}{2}"),
+        ("61", "61"),  # no box
+        ("\\boxed{61", "61"),  # unbalanced
+        ("\\boxed{61} then \\boxed{5}", "61"),  # only the last box counts
+        ("\\boxed{}", "61"),
+        ("\\boxed{x}", "61"),
+    ],
+)
+def test_math_verify_wrong_answers_score_zero(response: str, gold: str) -> None:
+    assert math_verify_score(response, gold) == 0.0
+
+
+def test_dapo_answer_reward_is_plus_minus_one() -> None:
+    assert dapo_answer_score("work...\nAnswer: 61", "61") == 1.0
+    assert dapo_answer_score("Answer: $\\frac{1}{2}$", "\\frac{1}{2}") == 1.0
+    assert dapo_answer_score("Answer: 1,000 dollars", "1000") == 1.0  # units and separators
+    assert dapo_answer_score("Answer: x = 5", "5") == 1.0  # right-hand side of '='
+    assert dapo_answer_score("Answer: \\text{(B)}", "(B)") == 1.0
+    assert dapo_answer_score("Answer: 62", "61") == -1.0
+    assert dapo_answer_score("Answer: 0.5", "\\frac{1}{2}") == -1.0  # string match, not math
+    assert dapo_answer_score("\\boxed{61}", "61") == -1.0  # no Answer: line
+
+
+def test_normalize_dapo_answer() -> None:
+    assert normalize_dapo_answer("\\frac12") == "\\frac{1}{2}"
+    assert normalize_dapo_answer("\\sqrt2") == "\\sqrt{2}"
+    assert normalize_dapo_answer("90^\\circ") == "90"
+    assert normalize_dapo_answer("$12,345$") == "12345"
+
+
+def test_rewards_are_registered() -> None:
+    assert registry.get("reward", "math_verify") is math_verify_score
+    assert registry.get("reward", "dapo_answer") is dapo_answer_score
+    assert {"math_verify", "dapo_answer"} <= set(registry.names("reward"))
+
+
+# ---------------------------------------------------------------------------- scorer
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    with RewardScorer("math_verify", timeout_s=2.0) as s:
+        yield s
+
+
+def test_scorer_matches_direct_scores(scorer: RewardScorer) -> None:
+    responses = ["\\boxed{61}", "\\boxed{61.0}", "\\boxed{0.5}", "\\boxed{62}", "none", "\\boxed{1/3}"]
+    golds = ["61", "61", "\\frac{1}{2}", "61", "61", "\\frac{1}{3}"]
+    assert scorer.score(responses, golds) == [math_verify_score(r, g) for r, g in zip(responses, golds)]
+    assert scorer.score([], []) == []
+    with pytest.raises(ValueError):
+        scorer.score(["a"], [])
+
+
+def test_pathological_sample_times_out_without_blocking_the_batch(scorer: RewardScorer) -> None:
+    before = scorer.stats
+    responses = ["\\boxed{61}", PATHOLOGICAL, "\\boxed{\\frac{1}{2}}", "\\boxed{7}", "\\boxed{8}"]
+    golds = ["61", "61", "0.5", "8", "8"]
+    t0 = time.monotonic()
+    scores = scorer.score(responses, golds)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3 * scorer.timeout_s
+    assert scores == [1.0, 0.0, 1.0, 0.0, 1.0]
+    after = scorer.stats
+    assert after["n_timeouts"] == before["n_timeouts"] + 1
+    assert after["n_worker_restarts"] == before["n_worker_restarts"] + 1
+    # The fresh worker keeps scoring; the timed-out answer is remembered, not re-run.
+    t0 = time.monotonic()
+    assert scorer.score([PATHOLOGICAL, "\\boxed{5}"], ["61", "5"]) == [0.0, 1.0]
+    assert time.monotonic() - t0 < scorer.timeout_s
+    assert scorer.stats["n_timeouts"] == after["n_timeouts"]
+
+
+def test_cache_hits_are_counted_and_cache_off_judges_everything(tmp_path: Path) -> None:
+    responses = ["\\boxed{61}", "so \\boxed{61}", "\\boxed{62}", "\\boxed{61}", "nothing"]
+    golds = ["61"] * 5
+    with RewardScorer("math_verify", timeout_s=5.0) as s:
+        assert s.score(responses, golds) == [1.0, 1.0, 0.0, 1.0, 0.0]
+        st = s.stats
+        assert (st["n_scored"], st["n_judged"], st["n_cache_hits"], st["n_no_answer"]) == (5, 2, 2, 1)
+        s.score(responses, golds)
+        st = s.stats
+        assert (st["n_scored"], st["n_judged"], st["n_cache_hits"]) == (10, 2, 6)
+    with RewardScorer("math_verify", timeout_s=5.0, cache=False) as s:
+        assert s.score(responses, golds) == [1.0, 1.0, 0.0, 1.0, 0.0]
+        assert (s.stats["n_judged"], s.stats["n_cache_hits"]) == (4, 0)
+
+
+def test_persisted_cache_is_reused_by_a_new_scorer(tmp_path: Path) -> None:
+    path = tmp_path / "reward_cache.sqlite"
+    responses, golds = ["\\boxed{61}", "\\boxed{0.5}", "\\boxed{3}"], ["61", "\\frac{1}{2}", "4"]
+    with RewardScorer("math_verify", cache_path=path) as s:
+        first = s.score(responses, golds)
+        assert s.stats["n_judged"] == 3
+    with RewardScorer("math_verify", cache_path=path) as s:
+        assert s.score(responses, golds) == first == [1.0, 1.0, 0.0]
+        assert (s.stats["n_judged"], s.stats["n_cache_hits"]) == (0, 3)
+    # Entries are keyed by reward: the DAPO reward does not read math-verify's verdicts.
+    with RewardScorer("dapo_answer", cache_path=path) as s:
+        assert s.score(["Answer: 61"], ["61"]) == [1.0]
+        assert s.stats["n_judged"] == 1
+
+
+def test_dapo_scorer_failure_value_is_minus_one() -> None:
+    with RewardScorer("dapo_answer", timeout_s=2.0) as s:
+        assert s.score(["Answer: 61", "Answer: 60", "no line"], ["61", "61", "61"]) == [1.0, -1.0, -1.0]
+        assert s.spec.failure == -1.0
+
+
+def test_crashed_worker_is_replaced_and_sample_scored_wrong(scorer: RewardScorer) -> None:
+    before = scorer.stats
+    victim = scorer._workers[0]
+    victim.process.kill()  # the worker dies while idle: the next sample must not be blamed
+    victim.process.join()
+    assert scorer.score(["\\boxed{2}"], ["2"]) == [1.0]
+    # Kill the worker mid-sample (from a timer thread) while it judges a slow answer.
+    def kill_busy_worker() -> None:
+        deadline = time.monotonic() + scorer.timeout_s / 2
+        while time.monotonic() < deadline and scorer._workers[0].state != "busy":
+            time.sleep(0.005)
+        scorer._workers[0].process.kill()
+
+    killer = threading.Thread(target=kill_busy_worker)
+    killer.start()
+    t0 = time.monotonic()
+    scores = scorer.score([PATHOLOGICAL, "\\boxed{4}"], ["3", "4"])
+    killer.join()
+    assert time.monotonic() - t0 < 3 * scorer.timeout_s
+    assert scores == [0.0, 1.0]
+    after = scorer.stats
+    assert after["n_crashes"] == before["n_crashes"] + 1
+    assert after["n_timeouts"] == before["n_timeouts"]
+    assert after["n_worker_restarts"] == before["n_worker_restarts"] + 2
+
+
+def test_unknown_reward_and_bad_arguments() -> None:
+    with pytest.raises(KeyError, match="valid choices"):
+        RewardScorer("nope")
+    with pytest.raises(ValueError):
+        RewardScorer(timeout_s=0)
