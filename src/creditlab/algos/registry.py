@@ -42,7 +42,7 @@ def names(kind: str) -> list[str]:
 
 
 def _load_builtin() -> None:
-    # Importing the method modules registers them.
+    # Importing the method modules registers them. Layers above algos/ (rewards/) register their own
+    # kinds when imported; algos/ never imports upward.
     from creditlab.algos import advantages, batching, losses  # noqa: F401
     from creditlab.algos import credit  # noqa: F401
-    from creditlab import rewards  # noqa: F401  (registers the reward functions)
