@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+from creditlab.progress import progress as progress_bar
 
 from creditlab.data.schema import render_prompt
 from creditlab.engines.local.sampler import Generation, generate
@@ -252,12 +253,16 @@ def evaluate_model(
     model.eval()
     results: dict[str, dict[str, Any]] = {}
     try:
-        for name in tqdm(list(suites), desc="eval suites", unit="suite", disable=not progress):
+        bar = progress_bar(len(suites), "eval suites", enabled=progress, every_s=0)
+        for name in suites:
             results[name] = evaluate_suite(
                 model, tokenizer, name, suites[name], k=k, ks=ks, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, template=template, seed=suite_seed(seed, name),
                 scorer=scorer, out_dir=out_dir, batch_size=batch_size, progress=progress,
             )  # fmt: skip
+            bar.set_postfix(suite=name, greedy=f"{results[name]['metrics']['greedy']['mean']:.3f}")
+            bar.update(1)
+        bar.close()
     finally:
         model.train(was_training)
     result = {

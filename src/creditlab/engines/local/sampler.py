@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from creditlab.progress import progress as progress_bar
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -421,12 +421,16 @@ def generate_with(
         stack.enter_context(torch.no_grad())
         for model in {id(s.model): s.model for s in states}.values():
             stack.enter_context(decode_attention_enabled(model))
-        for start in tqdm(range(0, len(prompts), size), desc="generate", unit="batch", disable=not progress):
+        starts = range(0, len(prompts), size)
+        bar = progress_bar(len(starts), "generate", enabled=progress)
+        for start in starts:
             chunk = slice(start, start + size)
             r, f = _decode_batch(states, combine, prompts[chunk], None if uniforms is None else uniforms[chunk],
                                  params, max_new_tokens, eos_id, pad_id)
             responses += r
             finished += f
+            bar.update(1)
+        bar.close()
     return Generation(prompts, responses, finished)
 
 
