@@ -1,0 +1,54 @@
+"""Parquet storage of normalised records (see :mod:`creditlab.data.schema`).
+
+One row per record, columns in schema order; ``meta`` is stored as a JSON string (keys sorted) so
+that records with different knobs share one column type. Both directions validate every record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from creditlab.data.schema import FIELDS, validate_record
+
+PARQUET_SCHEMA = pa.schema([(field, pa.string()) for field in FIELDS])
+"""Every column is a string: ``solution`` may be null, ``meta`` holds JSON."""
+
+
+def write_records(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    """Validate ``records`` and write them to a parquet file (parent folders are created).
+
+    Raises:
+        ValueError: if a record is invalid or two records share an id.
+    """
+    rows = []
+    seen: set[str] = set()
+    for rec in records:
+        validate_record(rec)
+        if rec["id"] in seen:
+            raise ValueError(f"duplicate record id {rec['id']!r}")
+        seen.add(rec["id"])
+        rows.append({**rec, "meta": json.dumps(rec["meta"], sort_keys=True)})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA), path)
+    return path
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Read records written by :func:`write_records`, decoding ``meta`` and validating each."""
+    table = pq.read_table(path)
+    missing = [f for f in FIELDS if f not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: parquet file lacks column(s) {missing}")
+    records = []
+    for row in table.select(list(FIELDS)).to_pylist():
+        rec = {**row, "meta": json.loads(row["meta"])}
+        validate_record(rec)
+        records.append(rec)
+    return records

@@ -1,0 +1,141 @@
+"""The normalised problem record shared by every data source (synthetic and hub datasets).
+
+A record is a plain ``dict`` with exactly these fields:
+
+- ``id`` (str): unique identifier, e.g. ``"tiny_arith/train/000042"``.
+- ``source`` (str): dataset name, e.g. ``"tiny_arith"``, ``"deepmath"``, ``"math500"``.
+- ``split`` (str): ``"train"``, ``"val"`` or the evaluation suite name.
+- ``question`` (str): the problem text, without any prompt template.
+- ``answer`` (str): the gold final answer, as math-verify compares it.
+- ``solution`` (str | None): a step-by-step target ending in ``\\boxed{answer}`` (used by SFT),
+  or None when the source has no usable solution.
+- ``meta`` (dict): JSON-serialisable knobs describing the problem (e.g. ``n_ops``, ``digits``).
+
+Prompt templates (:func:`render_prompt`) turn a question into model input; the matching response
+prefix (:func:`render_response`) turns a solution into the SFT target (EOS is appended by the
+caller, at token level).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+FIELDS: tuple[str, ...] = ("id", "source", "split", "question", "answer", "solution", "meta")
+"""Record fields, in their canonical (column) order."""
+
+_BOXED_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+TEMPLATES: dict[str, Callable[[str], str]] = {
+    "tiny": lambda question: f"Q: {question}\nA:",
+    "boxed": lambda question: question + _BOXED_INSTRUCTION,
+}
+"""Prompt templates by name: ``tiny`` for the tiny models, ``boxed`` for paper-scale base models."""
+
+RESPONSE_PREFIX: dict[str, str] = {"tiny": " ", "boxed": "\n"}
+"""What separates a rendered prompt from the solution text, per template."""
+
+_REQUIRED_STR_FIELDS: tuple[str, ...] = ("id", "source", "split", "question", "answer")
+
+
+def boxed(answer: str) -> str:
+    """Return ``\\boxed{answer}``, the final-answer marker every solution ends with."""
+    return "\\boxed{" + answer + "}"
+
+
+def make_record(
+    id: str,
+    source: str,
+    split: str,
+    question: str,
+    answer: str,
+    solution: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build a record with the canonical field order and validate it.
+
+    Raises:
+        ValueError: if any field is invalid (the message names the field).
+    """
+    record = {
+        "id": id,
+        "source": source,
+        "split": split,
+        "question": question,
+        "answer": answer,
+        "solution": solution,
+        "meta": {} if meta is None else dict(meta),
+    }
+    validate_record(record)
+    return record
+
+
+def validate_record(rec: Any) -> None:
+    """Check that ``rec`` follows the record schema.
+
+    Raises:
+        ValueError: naming the first offending field (missing, unexpected, wrong type, empty
+            string, a solution that does not end with ``\\boxed{answer}``, or non-JSON ``meta``).
+    """
+    if not isinstance(rec, dict):
+        raise ValueError(f"record must be a dict, got {type(rec).__name__}")
+    missing = [f for f in FIELDS if f not in rec]
+    if missing:
+        raise ValueError(f"record is missing field(s) {missing}")
+    unexpected = sorted(set(rec) - set(FIELDS))
+    if unexpected:
+        raise ValueError(f"record has unexpected field(s) {unexpected}; allowed: {list(FIELDS)}")
+    for field in _REQUIRED_STR_FIELDS:
+        value = rec[field]
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"field {field!r} must be a non-empty string, got {value!r}")
+    _validate_solution(rec["solution"], rec["answer"])
+    _validate_meta(rec["meta"])
+
+
+def _validate_solution(solution: Any, answer: str) -> None:
+    """Solution is None or a string ending with ``\\boxed{answer}``."""
+    if solution is None:
+        return
+    if not isinstance(solution, str):
+        raise ValueError(f"field 'solution' must be a string or None, got {type(solution).__name__}")
+    if not solution.rstrip().endswith(boxed(answer)):
+        raise ValueError(f"field 'solution' must end with {boxed(answer)!r}, got {solution!r}")
+
+
+def _validate_meta(meta: Any) -> None:
+    """Meta is a dict with string keys whose content survives a JSON round trip."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"field 'meta' must be a dict, got {type(meta).__name__}")
+    if not all(isinstance(k, str) for k in meta):
+        raise ValueError(f"field 'meta' must have string keys, got {list(meta)}")
+    try:
+        json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"field 'meta' must be JSON-serialisable: {err}") from err
+
+
+def check_template(template: str) -> None:
+    """Raise a ValueError listing the valid names when ``template`` is unknown."""
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; valid: {sorted(TEMPLATES)}")
+
+
+def render_prompt(question: str, template: str) -> str:
+    """Render ``question`` with the named prompt template (``tiny`` or ``boxed``).
+
+    ``tiny``: ``"Q: {question}\\nA:"``; ``boxed``: the question followed by the instruction
+    ``"\\nPlease reason step by step, and put your final answer within \\boxed{}."``.
+    """
+    check_template(template)
+    return TEMPLATES[template](question)
+
+
+def render_response(solution: str, template: str) -> str:
+    """Render the SFT target text that follows a prompt of ``template`` (EOS not included).
+
+    For ``tiny`` this is ``" " + solution``; the caller appends the tokenizer's EOS token.
+    """
+    check_template(template)
+    return RESPONSE_PREFIX[template] + solution
