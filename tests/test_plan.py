@@ -24,7 +24,7 @@ def test_plan_dedupes_runs_and_resolves_configs():
     assert run.experiment == "dlogp" and run.tables == ["dlogp/main"]
     cfg = compose("micro", "micro-s", "dapo", run.overrides)
     assert cfg["trainer"]["dynamic_sampling"] is True  # the paper's override reached the trainer
-    assert cfg["model"]["arch"]["hidden_size"] == 32 and cfg["trainer"]["steps"] == 4
+    assert cfg["model"]["arch"]["hidden_size"] == 64 and cfg["trainer"]["steps"] == 4
     assert compose("tiny", "tiny-s")["trainer"]["dynamic_sampling"] is False
 
 
