@@ -1,7 +1,8 @@
-"""Shared input type of credit functions and the identity credit ``none``."""
+"""What credit functions see (CreditInputs), how they are called (apply_credit), identity ``none``."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,30 @@ class CreditInputs:
     ref_logp: Tensor | None = None
 
 
+INPUT_FIELDS = tuple(CreditInputs.__dataclass_fields__)
+
+
+def credit_inputs_of(fn) -> tuple[str, ...]:
+    """The CreditInputs fields ``fn`` takes, read from its signature (``old_logp``, ``hidden``, ...)."""
+    return tuple(p for p in inspect.signature(fn).parameters if p in INPUT_FIELDS)
+
+
+def apply_credit(fn, batch: CreditInputs, kwargs: dict) -> Tensor:
+    """Call a registered credit function with the batch tensors it names plus its config kwargs.
+
+    Credit functions keep plain tensor signatures (``dlogp_weights(old_logp, alpha)``); this is the one
+    place that maps a rollout batch onto them. Returns Tensor[B, T] (a per-rollout Tensor[B, 1] is
+    broadcast). Several credit functions compose by multiplying their outputs.
+    """
+    needed = credit_inputs_of(fn)
+    missing = [n for n in needed if getattr(batch, n) is None]
+    if missing:
+        raise ValueError(f"credit function {fn.__name__} needs {missing}, which this engine did not provide")
+    w = fn(**{n: getattr(batch, n) for n in needed}, **kwargs)
+    return w.expand_as(batch.old_logp)
+
+
 @register("credit", "none")
-def no_credit(batch: CreditInputs) -> Tensor:
-    """w_{i,t} = 1 for every token: plain GRPO/DAPO. Returns Tensor[B, T]."""
-    return torch.ones_like(batch.old_logp)
+def no_credit(old_logp: Tensor) -> Tensor:
+    """w_{i,t} = 1 for every token: plain GRPO/DAPO. Tensor[B, T] -> Tensor[B, T]."""
+    return torch.ones_like(old_logp)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
-from creditlab.algos.credit.base import CreditInputs
+from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
 from creditlab.progress import progress
@@ -228,7 +228,7 @@ class Trainer:
         adv = self.advantage_fn(rewards, group_ids, **(m.get("advantage_kwargs") or {}))
 
         t1 = time.perf_counter()
-        need_hidden = any(getattr(fn, "needs_hidden", False) for fn, _ in self.credit_fns)
+        need_hidden = any("hidden" in credit_inputs_of(fn) for fn, _ in self.credit_fns)
         with torch.no_grad(), _autocast(self.device):
             old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden)
         mask = batch.response_mask.to(self.device)
@@ -239,7 +239,7 @@ class Trainer:
                               hidden=old.hidden, entropy=old.entropy)
         weights = torch.ones_like(old.logp)
         for fn, kwargs in self.credit_fns:
-            weights = weights * fn(inputs, **kwargs)
+            weights = weights * apply_credit(fn, inputs, kwargs)
         adv_tok = (adv.to(self.device)[:, None] * weights).detach()
 
         t2 = time.perf_counter()
