@@ -40,15 +40,20 @@ def micro_results(tmp_path_factory) -> Path:
 def test_table_has_every_row_with_ci_and_provenance(micro_results):
     df = pd.read_csv(micro_results / "micro/tables/dlogp/main.csv")
     rows = set(zip(df["row"], df["paper_backbone"]))
-    assert rows == {("Base", "Qwen2.5-Math-7B"), ("DAPO", "Qwen2.5-Math-7B"), ("DAPO", "Qwen3-8B-Base")}
+    assert rows == {("Base", "Qwen2.5-Math-7B"), ("DAPO", "Qwen2.5-Math-7B"), ("DAPO", "Qwen3-8B-Base"),
+                    ("Δlog p reweight", "Qwen2.5-Math-7B"), ("Δlog p reweight", "Qwen3-8B-Base")}
     assert set(df["column"]) == {"AIME24", "AIME25", "AMC", "Avg", "Pass@k"}
     ours = df[["ours_lo", "ours_mean", "ours_hi"]]
     assert ((ours >= 0) & (ours <= 100)).all().all()
     assert (df["ours_lo"] <= df["ours_mean"] + 1e-9).all() and (df["ours_mean"] <= df["ours_hi"] + 1e-9).all()
     assert df["paper"].notna().all()  # every cell of this table has a paper number beside ours
+    dlogp_cfg = json.loads((micro_results / "micro/runs/micro-m/dlogp-ds-a0.1/s0/DONE").read_text())
+    assert dlogp_cfg["steps_done"] == 4
     assert df["mlflow_run_ids"].notna().all() and df["commits"].notna().all()
     md = (micro_results / "micro/tables/dlogp/main.md").read_text()
     assert "35.73" in md and "not comparable" in md.lower()
+    ablation = pd.read_csv(micro_results / "micro/tables/dlogp/ablation.csv")
+    assert set(ablation["row"]) == {"PPL", "Dominate", "Ours (Δlog p)"}
     png = micro_results / "micro/figures/dlogp/main_training_curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from creditlab.plan import CONFIG_DIR, PlanError, build_plan, compose
+from creditlab.plan import CONFIG_DIR, PlanError, build_plan, compose, run_config
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -19,9 +19,15 @@ PIPE = {"scale": "micro", "papers": ["dlogp"], "seeds": [0], "results": "results
 
 def test_plan_dedupes_runs_and_resolves_configs():
     plan = build_plan(PIPE)
-    assert sorted(plan.runs) == ["micro/micro-m/dapo-ds/s0", "micro/micro-s/base/s0", "micro/micro-s/dapo-ds/s0"]
+    assert sorted(plan.runs) == [
+        "micro/micro-m/dapo-ds/s0", "micro/micro-m/dlogp-ds-a0.1/s0", "micro/micro-s/base/s0",
+        "micro/micro-s/dapo-ds/s0", "micro/micro-s/dlogp-ds-a0.2/s0", "micro/micro-s/dominate-ds/s0",
+        "micro/micro-s/ppl-ds/s0"]
     run = plan.get("micro-s", "dapo-ds", 0)
     assert run.experiment == "dlogp" and run.tables == ["dlogp/main"]
+    shared = plan.get("micro-s", "dlogp-ds-a0.2", 0)  # one run serves two tables: trained once
+    assert shared.tables == ["dlogp/main", "dlogp/ablation"]
+    assert run_config(shared)["method"]["credit"] == [{"name": "dlogp", "alpha": 0.2}]
     cfg = compose("micro", "micro-s", "dapo", run.overrides)
     assert cfg["trainer"]["dynamic_sampling"] is True  # the paper's override reached the trainer
     assert cfg["model"]["arch"]["hidden_size"] == 64 and cfg["trainer"]["steps"] == 4
@@ -30,7 +36,7 @@ def test_plan_dedupes_runs_and_resolves_configs():
 
 def test_seeds_multiply_runs():
     plan = build_plan(PIPE | {"seeds": [0, 1]}, validate=False)
-    assert len(plan.runs) == 6 and len(plan.table_runs("dlogp", "main")) == 6
+    assert len(plan.runs) == 14 and len(plan.table_runs("dlogp", "main")) == 10
 
 
 def test_unknown_paper_lists_choices():
