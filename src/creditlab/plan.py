@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from creditlab.paths import run_key
-from creditlab.tables.spec import PaperSpec, load_paper
+from creditlab.tables.spec import DecodeSpec, PaperSpec, load_paper
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 BASE_RUN = "base"
@@ -54,6 +54,7 @@ class Plan:
     seeds: list[int]
     papers: dict[str, PaperSpec]
     runs: dict[str, Run]
+    decodes: dict[str, DecodeSpec] = field(default_factory=dict)
 
     @property
     def backbones(self) -> list[str]:
@@ -74,12 +75,21 @@ class Plan:
         return self.runs[key]
 
     def table_runs(self, paper: str, table: str) -> list[Run]:
+        return [run for run, _ in self.table_evals(paper, table)]
+
+    def table_evals(self, paper: str, table: str) -> list[tuple[Run, str | None]]:
+        """(run, decoding or None) of every cell source of a table, all seeds."""
         spec = self.papers[paper]
         out = []
         for row in spec.table(table).rows:
             for seed in self.seeds:
-                out.append(self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed))
+                out.append((self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode))
         return out
+
+    def decode(self, name: str) -> DecodeSpec:
+        if name not in self.decodes:
+            raise PlanError(f"unknown decoding {name!r}; planned decodings: {sorted(self.decodes)}")
+        return self.decodes[name]
 
 
 def paper_config_path(paper: str, config_dir: Path = CONFIG_DIR) -> Path:
@@ -115,7 +125,13 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
                         prev.papers.append(pname)
                     if f"{pname}/{tname}" not in prev.tables:
                         prev.tables.append(f"{pname}/{tname}")
-    plan = Plan(scale, seeds, papers, runs)
+    decodes: dict[str, DecodeSpec] = {}
+    for pname, spec in papers.items():
+        for name, dec in spec.decodes.items():
+            if decodes.setdefault(name, dec) != dec:
+                raise PlanError(f"decoding name {name!r} means two different decodings ({decodes[name]} vs {dec} "
+                                f"in paper {pname!r}); rename one")
+    plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
         for run in plan.runs.values():
             run_config(run, config_dir)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from creditlab import paths
 from creditlab.eval.metrics import bootstrap_average, bootstrap_ci, pass_at_k_per_question
 from creditlab.tables.spec import PaperSpec, Row, TableSpec, resolve_metric
 
@@ -43,17 +44,20 @@ LONG_COLUMNS = (
 _SEP = ";"  # joins several values (one per seed or suite) in one CSV field
 
 
-def metrics_path(evals_dir: Path, backbone: str, run: str, seed: int) -> Path:
-    """Where the evaluation of `run` on `backbone` with `seed` writes its metrics.json."""
-    return Path(evals_dir) / backbone / run / f"s{seed}" / "metrics.json"
+def metrics_path(evals_dir: Path, backbone: str, run: str, seed: int, decode: str | None = None) -> Path:
+    """Where the evaluation of `run` on `backbone` with `seed` (and a test-time `decode`) writes metrics.json."""
+    pattern = paths.EVAL_METRICS if decode is None else paths.DECODE_EVAL_METRICS
+    return paths.fmt(pattern.replace("{results}/{scale}/evals", str(evals_dir)), backbone=backbone, run=run,
+                     seed=seed, decode=decode)
 
 
-def load_eval(evals_dir: Path, backbone: str, run: str, seed: int) -> dict[str, Any]:
+def load_eval(evals_dir: Path, backbone: str, run: str, seed: int, decode: str | None = None) -> dict[str, Any]:
     """Read one metrics.json; FileNotFoundError naming the run and the path when it is missing."""
-    path = metrics_path(evals_dir, backbone, run, seed)
+    path = metrics_path(evals_dir, backbone, run, seed, decode)
     if not path.is_file():
         raise FileNotFoundError(
-            f"no evaluation for run {run!r} on backbone {backbone!r} seed {seed}: {path} is missing"
+            f"no evaluation for run {run!r}{f' decoded with {decode!r}' if decode else ''} on backbone "
+            f"{backbone!r} seed {seed}: {path} is missing"
         )
     with path.open() as fh:
         data = json.load(fh)
@@ -180,15 +184,15 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
     if not seeds:
         raise ValueError("build_table needs at least one seed")
     spec = paper.table(table)
-    cache: dict[tuple[str, str, int], dict[str, Any]] = {}
+    cache: dict[tuple[str, str, int, str | None], dict[str, Any]] = {}
     lines: list[dict[str, Any]] = []
     for row in spec.rows:
         backbone = paper.backbone_for(row.backbone, scale)
         results = []
         for seed in seeds:
-            key = (backbone, row.run, seed)
+            key = (backbone, row.run, seed, row.decode)
             if key not in cache:
-                cache[key] = load_eval(Path(evals_dir), backbone, row.run, seed)
+                cache[key] = load_eval(Path(evals_dir), backbone, row.run, seed, row.decode)
             results.append(cache[key])
         lines.extend(_row_lines(paper, spec, row, scale, list(seeds), results, k))
     return pd.DataFrame(lines, columns=list(LONG_COLUMNS))

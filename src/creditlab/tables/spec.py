@@ -26,12 +26,15 @@ METRICS = ("greedy", "avg@k", "pass@k", "pass@1")
 WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
-_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "tables")
+_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables")
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
 _TABLE_KEYS = ("caption", "columns", "rows")
 _COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting")
-_ROW_KEYS = ("label", "backbone", "run", "paper")
+_ROW_KEYS = ("label", "backbone", "run", "decode", "paper")
+_DECODE_KEYS = ("criterion", "threshold", "gamma", "decode_with", "top_k_support")
+DECODE_CRITERIA = ("dlogp", "kl", "reverse_kl", "js", "entropy", "random")
+DECODE_WITH = ("base", "rl")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,29 @@ class Row:
     backbone: str
     run: str
     paper: dict[str, float] = field(default_factory=dict)
+    decode: str | None = None
+    """A test-time decoding (paper config ``decodes``) evaluated with the backbone's base model and
+    this row's RL run, instead of plain sampling from the run's model."""
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """A test-time decoding of Paper A: selective extrapolation / replacement between base and RL.
+
+    criterion fires on the token proposed by the decoding model (dlogp: Δlog p <= threshold when
+    decoding with the base model, >= when decoding with the RL model; others: score >= threshold);
+    a fired position is resampled from log-softmax((1 + gamma) log pi_RL - gamma log pi_base).
+    """
+
+    name: str
+    criterion: str = "dlogp"
+    threshold: float = 0.0
+    gamma: float = 0.0
+    decode_with: str = "base"
+    top_k_support: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _DECODE_KEYS}
 
 
 @dataclass(frozen=True)
@@ -126,6 +152,7 @@ class PaperSpec:
     runs: dict[str, RunSpec]
     tables: dict[str, TableSpec]
     source: str = ""
+    decodes: dict[str, DecodeSpec] = field(default_factory=dict)
 
     def backbone_for(self, paper_backbone: str, scale: str) -> str:
         """The model config name standing in for `paper_backbone` at `scale`."""
@@ -237,6 +264,27 @@ def _parse_scale_map(chk: _Checker, data: Any, what: str) -> dict[str, dict[str,
     return parsed
 
 
+def _parse_decodes(chk: _Checker, data: Any) -> dict[str, DecodeSpec]:
+    """Parse `decodes`: name -> {criterion, threshold, gamma, decode_with, top_k_support}."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        chk.fail("decodes", "expected a mapping of decoding name -> settings")
+    decodes: dict[str, DecodeSpec] = {}
+    for name, body in data.items():
+        where = f"decodes.{name}"
+        body = chk.keys(body, where, _DECODE_KEYS, required=("threshold",))
+        criterion = chk.choice(body.get("criterion", "dlogp"), f"{where}.criterion", DECODE_CRITERIA)
+        decode_with = chk.choice(body.get("decode_with", "base"), f"{where}.decode_with", DECODE_WITH)
+        try:
+            threshold, gamma = float(body["threshold"]), float(body.get("gamma", 0.0))
+            top_k = None if body.get("top_k_support") is None else int(body["top_k_support"])
+        except (TypeError, ValueError):
+            chk.fail(where, f"threshold/gamma must be numbers and top_k_support an integer, got {dict(body)}")
+        decodes[str(name)] = DecodeSpec(str(name), criterion, threshold, gamma, decode_with, top_k)
+    return decodes
+
+
 def _parse_runs(chk: _Checker, data: Any) -> dict[str, RunSpec]:
     """Parse `runs`: run name -> {method, overrides}; `base` is reserved."""
     if not isinstance(data, Mapping):
@@ -321,7 +369,12 @@ def _parse_row(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any],
     backbone = chk.choice(body["backbone"], f"{where}.backbone", paper["backbones"])
     run = chk.choice(body["run"], f"{where}.run", [BASE_RUN, *paper["runs"]])
     numbers = _parse_paper_numbers(chk, body.get("paper"), f"{where}.paper", columns)
-    return Row(label, backbone, run, numbers)
+    decode = None
+    if body.get("decode") is not None:
+        decode = chk.choice(body["decode"], f"{where}.decode", paper["decodes"])
+        if run == BASE_RUN:
+            chk.fail(f"{where}.decode", "a decoding needs a trained RL run, not the base model", paper["runs"])
+    return Row(label, backbone, run, numbers, decode)
 
 
 def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
@@ -359,7 +412,8 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
     backbones = _parse_scale_map(chk, body["backbones"], "backbones")
     benchmarks = _parse_scale_map(chk, body["benchmarks"], "benchmarks")
     runs = _parse_runs(chk, body["runs"])
-    context = {"backbones": backbones, "benchmarks": benchmarks, "runs": runs}
+    decodes = _parse_decodes(chk, body.get("decodes"))
+    context = {"backbones": backbones, "benchmarks": benchmarks, "runs": runs, "decodes": decodes}
     if not isinstance(body["tables"], Mapping) or not body["tables"]:
         chk.fail("tables", "expected a non-empty mapping of table name -> table")
     tables = {str(name): _parse_table(chk, paper, str(name), tbl, context)
@@ -373,6 +427,7 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         runs=runs,
         tables=tables,
         source=source,
+        decodes=decodes,
     )
 
 

@@ -33,6 +33,7 @@ import torch
 
 from creditlab.algos import registry
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
+from creditlab.data.schema import render_prompt
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
 from creditlab.progress import progress
@@ -99,8 +100,6 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir)
         self.log_fn = log_fn or (lambda m, s: None)
         self.progress = progress
-        from creditlab.data.schema import render_prompt
-
         template = cfg["data"].get("template", "tiny")
         self.prompt_ids = [tokenizer(render_prompt(r["question"], template))["input_ids"] for r in train_records]
         t = self.tcfg
