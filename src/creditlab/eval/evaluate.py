@@ -9,6 +9,13 @@ tables can recompute any metric) and averages over suites, plain and question-co
 
 Reproducibility: the sampling seed of a suite is derived from ``seed`` and the suite name only, so a
 suite's samples do not depend on which other suites are evaluated or in which order.
+
+Decoders: by default the model is decoded with the plain sampler; ``generate_fn`` (a
+:class:`GenerateFn`, e.g. :func:`creditlab.decoding.extrapolation.make_selective_generate_fn`)
+replaces it, with the same scoring, files and bootstrap CIs. Per-sequence decode counters it returns
+(e.g. ``resampled``) are written to every jsonl row, and a suite's summary gets
+``replacement_rate`` = resampled tokens / generated tokens over its samples (``greedy_*`` for the
+greedy generations) and ``changed_rate`` likewise when they are present.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +43,34 @@ GREEDY_SAMPLE = -1
 
 N_BOOT, ALPHA = 2000, 0.05
 """Bootstrap resamples and (1 - confidence level) of every CI in metrics.json."""
+
+
+DecodeStats = dict[str, list[int]]
+"""Per-sequence integer counters of a decoder, e.g. {"n_tokens": [...], "resampled": [...]}."""
+
+RATE_STATS = {"resampled": "replacement_rate", "changed": "changed_rate"}
+"""Decode counter -> summary key of its rate (counter total / generated tokens)."""
+
+
+class GenerateFn(Protocol):
+    """A decoder for the evaluator: ``fn(prompt_ids, **decoding) -> (Generation, stats)``.
+
+    Keyword arguments: max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, seed, batch_size,
+    progress (as :func:`creditlab.engines.local.sampler.generate`). stats: per-sequence counters
+    (empty for plain decoding). An optional ``settings`` attribute (a JSON-able dict) is recorded in
+    metrics.json under ``settings.decoder``.
+    """
+
+    def __call__(self, prompt_ids: list[list[int]], **decoding: Any) -> tuple[Generation, DecodeStats]: ...
+
+
+def plain_generate_fn(model: torch.nn.Module) -> GenerateFn:
+    """The default decoder: the plain sampler on ``model``, no decode counters."""
+
+    def fn(prompt_ids: list[list[int]], **decoding: Any) -> tuple[Generation, DecodeStats]:
+        return generate(model, prompt_ids, **decoding), {}
+
+    return fn
 
 
 def suite_seed(seed: int, suite: str) -> int:
@@ -79,7 +114,7 @@ def _check_args(suites: dict[str, list[dict]], k: int, ks: Sequence[int]) -> Non
 
 
 def _decode_suite(
-    model: torch.nn.Module,
+    generate_fn: GenerateFn,
     tokenizer: Any,
     prompt_ids: list[list[int]],
     *,
@@ -90,15 +125,19 @@ def _decode_suite(
     seed: int,
     batch_size: int | None,
     progress: bool,
-) -> tuple[Generation, Generation]:
-    """Greedy generation (one per prompt) and sampled generation (k per prompt, question-major)."""
+) -> tuple[Generation, Generation, DecodeStats]:
+    """Greedy generation (one per prompt), sampled generation (k per prompt, question-major) and the
+    decode counters of both, concatenated in that order (only counters both calls returned)."""
     common = dict(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, batch_size=batch_size,
                   pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                   progress=progress)  # fmt: skip
-    greedy = generate(model, prompt_ids, greedy=True, seed=seed, **common)
+    greedy, greedy_stats = generate_fn(prompt_ids, greedy=True, seed=seed, **common)
     repeated = [ids for ids in prompt_ids for _ in range(k)]
-    sampled = generate(model, repeated, greedy=False, temperature=temperature, top_p=top_p, seed=seed, **common)
-    return greedy, sampled
+    sampled, sampled_stats = generate_fn(repeated, greedy=False, temperature=temperature, top_p=top_p, seed=seed,
+                                         **common)  # fmt: skip
+    stats = {name: list(greedy_stats[name]) + list(sampled_stats[name]) for name in greedy_stats
+             if name in sampled_stats}  # fmt: skip
+    return greedy, sampled, stats
 
 
 def _generation_rows(
@@ -110,10 +149,12 @@ def _generation_rows(
     k: int,
     tokenizer: Any,
     scorer: RewardScorer,
+    stats: DecodeStats | None = None,
 ) -> list[dict]:
     """One jsonl row per generation: the Q greedy ones first in ``responses``, then Q*k samples.
 
-    Rows are returned grouped by question: greedy (sample -1), then samples 0..k-1.
+    Rows are returned grouped by question: greedy (sample -1), then samples 0..k-1. ``stats``: decode
+    counters aligned with ``responses``, added to the rows (``n_tokens`` is always the response length).
     """
     q = len(records)
     texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
@@ -128,6 +169,7 @@ def _generation_rows(
             "response": texts[g], "pred": scorer.extract(texts[g]), "gold": golds[owner[g]],
             "correct": bool(scores[g] > 0), "score": scores[g], "n_tokens": len(responses[g]),
             "finished": bool(finished[g]),
+            **{name: int(values[g]) for name, values in (stats or {}).items() if name != "n_tokens"},
         }  # fmt: skip
         for g in order
     ]
@@ -140,15 +182,24 @@ def _suite_arrays(rows: Sequence[dict], q: int, k: int) -> tuple[np.ndarray, np.
 
 
 def _length_stats(rows: Sequence[dict], greedy: bool) -> dict[str, float]:
+    """Mean length, truncated fraction and the :data:`RATE_STATS` rates of the greedy or sampled rows.
+
+    rate = sum of the counter / sum of n_tokens (0 when nothing was generated).
+    """
     chosen = [r for r in rows if (r["sample"] == GREEDY_SAMPLE) == greedy]
-    return {
+    out = {
         "mean_response_tokens": float(np.mean([r["n_tokens"] for r in chosen])),
         "truncated_frac": float(np.mean([not r["finished"] for r in chosen])),
     }
+    total = sum(r["n_tokens"] for r in chosen)
+    for counter, key in RATE_STATS.items():
+        if counter in chosen[0]:
+            out[key] = sum(r[counter] for r in chosen) / total if total else 0.0
+    return out
 
 
 def evaluate_suite(
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     tokenizer: Any,
     suite: str,
     records: list[dict],
@@ -164,24 +215,27 @@ def evaluate_suite(
     out_dir: Path,
     batch_size: int | None = None,
     progress: bool = True,
+    generate_fn: GenerateFn | None = None,
 ) -> dict[str, Any]:
     """Decode, score and summarise one suite; writes ``out_dir/<suite>.jsonl``; returns its summary.
 
     ``seed`` is the suite's own sampling seed (see :func:`suite_seed`). The summary's
-    ``mean_response_tokens`` / ``truncated_frac`` are over the k sampled generations (greedy ones
-    under ``greedy_*``); ``n_tokens`` counts the EOS token when it was emitted.
+    ``mean_response_tokens`` / ``truncated_frac`` (and ``replacement_rate`` / ``changed_rate`` when
+    the decoder reports them) are over the k sampled generations (greedy ones under ``greedy_*``);
+    ``n_tokens`` counts the EOS token when it was emitted. ``generate_fn`` None: the plain sampler on
+    ``model``; otherwise it decodes and ``model`` is unused.
     """
     if len({rec["id"] for rec in records}) != len(records):
         raise ValueError(f"suite {suite!r} has duplicate record ids")
     t0 = time.perf_counter()
     prompts, prompt_ids = encode_prompts(tokenizer, records, template)
-    greedy_gen, sampled_gen = _decode_suite(
-        model, tokenizer, prompt_ids, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=top_p, seed=seed, batch_size=batch_size, progress=progress,
+    greedy_gen, sampled_gen, stats = _decode_suite(
+        generate_fn or plain_generate_fn(model), tokenizer, prompt_ids, k=k, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=progress,
     )  # fmt: skip
     responses = list(greedy_gen.response_ids) + list(sampled_gen.response_ids)
     finished = list(greedy_gen.finished) + list(sampled_gen.finished)
-    rows = _generation_rows(suite, records, prompts, responses, finished, k, tokenizer, scorer)
+    rows = _generation_rows(suite, records, prompts, responses, finished, k, tokenizer, scorer, stats)
     _write_jsonl_atomic(rows, out_dir / f"{suite}.jsonl")
     greedy, samples = _suite_arrays(rows, len(records), k)
     sampled_stats, greedy_stats = _length_stats(rows, greedy=False), _length_stats(rows, greedy=True)
@@ -222,7 +276,7 @@ def average_over_suites(suite_results: dict[str, dict[str, Any]], ks: Sequence[i
 
 
 def evaluate_model(
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     tokenizer: Any,
     suites: dict[str, list[dict]],
     *,
@@ -237,6 +291,7 @@ def evaluate_model(
     out_dir: Path,
     batch_size: int | None = None,
     progress: bool = True,
+    generate_fn: GenerateFn | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every suite; write ``<suite>.jsonl`` files and ``metrics.json`` in ``out_dir``.
 
@@ -245,12 +300,19 @@ def evaluate_model(
     writes) ``{"suites": {name: evaluate_suite(...)}, "average": average_over_suites(...), "k", "ks",
     "settings": {...}, "reward_stats": {...}}``; all accuracies are fractions in [0, 1]. The model
     is run in eval mode and restored to its previous mode afterwards.
+
+    ``generate_fn`` (see :class:`GenerateFn`) replaces the plain sampler; ``model`` may then be None
+    (the decoder handles its own models). Its decode counters go to the jsonl rows and the suite
+    summaries (see the module docstring), its ``settings`` to ``settings.decoder``.
     """
+    if model is None and generate_fn is None:
+        raise ValueError("evaluate_model needs a model or a generate_fn")
     _check_args(suites, k, ks)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    was_training = model.training
-    model.eval()
+    was_training = model is not None and model.training
+    if model is not None:
+        model.eval()
     results: dict[str, dict[str, Any]] = {}
     try:
         bar = progress_bar(len(suites), "eval suites", enabled=progress, every_s=0)
@@ -258,13 +320,14 @@ def evaluate_model(
             results[name] = evaluate_suite(
                 model, tokenizer, name, suites[name], k=k, ks=ks, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, template=template, seed=suite_seed(seed, name),
-                scorer=scorer, out_dir=out_dir, batch_size=batch_size, progress=progress,
+                scorer=scorer, out_dir=out_dir, batch_size=batch_size, progress=progress, generate_fn=generate_fn,
             )  # fmt: skip
             bar.set_postfix(suite=name, greedy=f"{results[name]['metrics']['greedy']['mean']:.3f}")
             bar.update(1)
         bar.close()
     finally:
-        model.train(was_training)
+        if model is not None:
+            model.train(was_training)
     result = {
         "suites": results,
         "average": average_over_suites(results, ks),
@@ -274,6 +337,7 @@ def evaluate_model(
             "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
             "template": template, "batch_size": batch_size, "reward": scorer.reward,
             "reward_timeout_s": scorer.timeout_s, "n_boot": N_BOOT, "alpha": ALPHA,
+            "decoder": getattr(generate_fn, "settings", None) or {"name": "sampler"},
         },  # fmt: skip
         "reward_stats": scorer.stats,
     }

@@ -13,16 +13,21 @@ speed on small models, where the per-step cost is dominated by overhead rather t
   accumulated (:data:`COMPACT_FRACTION`); decoding stops as soon as every row is done.
 
 The loop is written around :class:`DecodeState` (one model, one batch: cache, mask, positions) so that
-several models can be stepped together: :func:`generate_with` takes a list of states and a ``combine``
-function that maps their next-token logits to the logits to sample from (test-time extrapolation
-decoding mixes an RL model with its base model this way). :func:`generate` is the one-model case.
+several models can be stepped together. The one loop is :func:`decode_with_chooser`: it steps a list of
+states and asks a :class:`Chooser` for the next tokens given every state's logits and the step's
+uniforms; the chooser may also return per-row flags, which the loop counts per sequence (selective
+extrapolation decoding in :mod:`creditlab.decoding.extrapolation` counts its resampled tokens this
+way). :func:`generate_with` is the case "combine the logits, then sample" (a ``combine`` function maps
+the states' logits to the logits to sample from) and :func:`generate` is its one-model case.
 
-Randomness: one uniform number per (prompt, step) is drawn up front from a ``torch.Generator`` seeded
-with ``seed`` and each token is sampled by inverting the CDF of its (filtered) distribution. Which
-uniform a token uses therefore depends only on the prompt's index and the step, not on
-``batch_size``, the row compaction or the device: the same inputs and seed give identical outputs.
-Changing ``batch_size`` can only change an output through floating-point differences of the model's
-forward under a different batch shape (a token exactly at a CDF boundary), which is vanishingly rare.
+Randomness: ``Chooser.n_streams`` uniform numbers per (prompt, step) are drawn up front from a
+``torch.Generator`` seeded with ``seed`` (stream s is the s-th ``torch.rand(n_prompts, max_new_tokens)``
+drawn from it, so stream 0 is the same for every chooser) and each token is sampled by inverting the
+CDF of its (filtered) distribution. Which uniform a token uses therefore depends only on the prompt's
+index and the step, not on ``batch_size``, the row compaction or the device: the same inputs and seed
+give identical outputs. Changing ``batch_size`` can only change an output through floating-point
+differences of the model's forward under a different batch shape (a token exactly at a CDF boundary),
+which is vanishingly rare.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ DEFAULT_BATCH_SIZE = 512
 """Prompts decoded together when ``batch_size`` is None."""
 
 Combine = Callable[[list[Tensor]], Tensor]
+ChooseFn = Callable[[list[Tensor], Tensor | None], tuple[Tensor, Tensor | None]]
 
 
 @dataclass
@@ -86,6 +92,24 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class Chooser:
+    """How :func:`decode_with_chooser` picks the next tokens from the stepped states' logits.
+
+    choose(logits, uniforms) -> (tokens, flags): logits is the list of next-token logits [B, V]
+    (float32), one per state in the order given to the loop; uniforms [B, n_streams] in [0, 1) are the
+    step's pre-drawn uniforms of each row (None when ``n_streams == 0``); tokens [B] int64; flags
+    [B, len(flag_names)] bool or None. The loop counts each flag per sequence over the tokens that
+    sequence generated (steps after its EOS are not counted) and reports the counts under
+    ``flag_names``. ``choose`` must treat rows independently (row i's outputs depend only on row i's
+    inputs), which is what makes the result batch-size invariant.
+    """
+
+    choose: ChooseFn
+    n_streams: int = 1
+    flag_names: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------- attention
@@ -336,33 +360,37 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Ten
 
 def _decode_batch(
     states: Sequence[DecodeState],
-    combine: Combine,
+    chooser: Chooser,
     prompts: Sequence[Sequence[int]],
     uniforms: Tensor | None,
-    params: SamplingParams,
     max_new_tokens: int,
     eos_id: int,
     pad_id: int,
-) -> tuple[list[list[int]], list[bool]]:
+) -> tuple[list[list[int]], list[bool], Tensor]:
     """Decode one batch of prompts with all ``states`` stepped together.
 
-    uniforms: [B, max_new_tokens] (None when greedy). Returns (responses, finished) per prompt.
-    Rows that emitted EOS stay in the batch (fed ``pad_id``, output ignored) until they are at least
-    ``COMPACT_FRACTION`` of the rows, then they are dropped from every state.
+    uniforms: [B, max_new_tokens, n_streams] (None when the chooser uses none). Returns (responses,
+    finished, flag_counts [B, n_flags] int64) per prompt. Rows that emitted EOS stay in the batch (fed
+    ``pad_id``, output ignored) until they are at least ``COMPACT_FRACTION`` of the rows, then they are
+    dropped from every state.
     """
     ids, mask = left_pad(prompts, pad_id)
     device = states[0].device
     n = len(prompts)
     out = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
     n_gen = torch.zeros(n, dtype=torch.long, device=device)
+    counts = torch.zeros(n, len(chooser.flag_names), dtype=torch.long, device=device)
     hit_eos = torch.zeros(n, dtype=torch.bool, device=device)
     rows = torch.arange(n, device=device)  # batch position -> prompt index in this batch
     alive = torch.ones(n, dtype=torch.bool, device=device)
     uniforms = uniforms.to(device) if uniforms is not None else None
-    logits = combine([s.prefill(ids, mask, max_new_tokens) for s in states])
+    logits = [s.prefill(ids, mask, max_new_tokens) for s in states]
     for t in range(max_new_tokens):
         u = uniforms[rows, t] if uniforms is not None else None
-        tok = choose_tokens(logits, params, u).masked_fill_(~alive, pad_id)
+        tok, flags = chooser.choose(logits, u)
+        tok = tok.masked_fill(~alive, pad_id)
+        if flags is not None:
+            counts[rows] += flags & alive[:, None]
         out[rows, t] = tok
         n_gen[rows] += alive
         done = tok == eos_id
@@ -376,10 +404,82 @@ def _decode_batch(
             for s in states:
                 s.select_rows(keep)
             rows, alive, tok = rows[keep], alive[keep], tok[keep]
-        logits = combine([s.step(tok) for s in states])
+        logits = [s.step(tok) for s in states]
     lengths = n_gen.tolist()
     responses = [r[:k] for r, k in zip(out.tolist(), lengths)]
-    return responses, hit_eos.tolist()
+    return responses, hit_eos.tolist(), counts.cpu()
+
+
+def draw_uniforms(n_prompts: int, max_new_tokens: int, n_streams: int, seed: int) -> Tensor | None:
+    """The pre-drawn uniforms [n_prompts, max_new_tokens, n_streams] in [0, 1) (None if no stream).
+
+    Stream s is the s-th ``torch.rand(n_prompts, max_new_tokens)`` of a generator seeded with ``seed``:
+    stream 0 does not depend on how many streams are drawn.
+    """
+    if n_streams == 0:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.rand(n_prompts, max_new_tokens, generator=gen) for _ in range(n_streams)], dim=-1)
+
+
+def decode_with_chooser(
+    states: Sequence[DecodeState],
+    chooser: Chooser,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> tuple[Generation, dict[str, list[int]]]:
+    """Decode ``prompt_ids`` stepping every state in ``states`` together; ``chooser`` picks the tokens.
+
+    The chosen tokens are fed to every state. All states' models must share the vocabulary and live
+    on the same device. ``batch_size`` prompts are decoded at a time (None: :data:`DEFAULT_BATCH_SIZE`).
+    Returns the generation and, for each of ``chooser.flag_names``, the per-prompt number of generated
+    tokens at which that flag was set. See the module docstring for the random streams.
+    """
+    prompts = [list(p) for p in prompt_ids]
+    if not states:
+        raise ValueError("decoding needs at least one DecodeState")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not prompts or max_new_tokens == 0:
+        empty = Generation(prompts, [[] for _ in prompts], [False] * len(prompts))
+        return empty, {name: [0] * len(prompts) for name in chooser.flag_names}
+    uniforms = draw_uniforms(len(prompts), max_new_tokens, chooser.n_streams, seed)
+    size = batch_size or DEFAULT_BATCH_SIZE
+    responses: list[list[int]] = []
+    finished: list[bool] = []
+    counts: list[Tensor] = []
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for model in {id(s.model): s.model for s in states}.values():
+            stack.enter_context(decode_attention_enabled(model))
+        starts = range(0, len(prompts), size)
+        bar = progress_bar(len(starts), "generate", enabled=progress)
+        for start in starts:
+            chunk = slice(start, start + size)
+            r, f, c = _decode_batch(states, chooser, prompts[chunk], None if uniforms is None else uniforms[chunk],
+                                    max_new_tokens, eos_id, pad_id)
+            responses += r
+            finished += f
+            counts.append(c)
+            bar.update(1)
+        bar.close()
+    per_flag = torch.cat(counts).T.tolist()
+    return Generation(prompts, responses, finished), dict(zip(chooser.flag_names, per_flag))
+
+
+def sampling_chooser(combine: Combine, params: SamplingParams) -> Chooser:
+    """The chooser "sample ``combine(logits)`` with ``params``" (one uniform stream, none when greedy)."""
+
+    def choose(logits: list[Tensor], uniforms: Tensor | None) -> tuple[Tensor, None]:
+        return choose_tokens(combine(logits), params, None if uniforms is None else uniforms[:, 0]), None
+
+    return Chooser(choose, n_streams=0 if params.greedy else 1)
 
 
 def generate_with(
@@ -403,35 +503,10 @@ def generate_with(
     share the vocabulary and live on the same device. ``batch_size`` prompts are decoded at a time
     (None: :data:`DEFAULT_BATCH_SIZE`). See the module docstring for the random stream.
     """
-    prompts = [list(p) for p in prompt_ids]
-    if not states:
-        raise ValueError("generate_with needs at least one DecodeState")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if not prompts or max_new_tokens == 0:
-        return Generation(prompts, [[] for _ in prompts], [False] * len(prompts))
-    uniforms = None
-    if not params.greedy:
-        gen = torch.Generator().manual_seed(seed)
-        uniforms = torch.rand(len(prompts), max_new_tokens, generator=gen)
-    size = batch_size or DEFAULT_BATCH_SIZE
-    responses: list[list[int]] = []
-    finished: list[bool] = []
-    with ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        for model in {id(s.model): s.model for s in states}.values():
-            stack.enter_context(decode_attention_enabled(model))
-        starts = range(0, len(prompts), size)
-        bar = progress_bar(len(starts), "generate", enabled=progress)
-        for start in starts:
-            chunk = slice(start, start + size)
-            r, f = _decode_batch(states, combine, prompts[chunk], None if uniforms is None else uniforms[chunk],
-                                 params, max_new_tokens, eos_id, pad_id)
-            responses += r
-            finished += f
-            bar.update(1)
-        bar.close()
-    return Generation(prompts, responses, finished)
+    generation, _ = decode_with_chooser(states, sampling_chooser(combine, params), prompt_ids,
+                                        max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, seed=seed,
+                                        batch_size=batch_size, progress=progress)  # fmt: skip
+    return generation
 
 
 def _single(logits: list[Tensor]) -> Tensor:
