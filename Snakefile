@@ -29,6 +29,7 @@ wildcard_constraints:
     seed=r"\d+",
     paper="[^/]+",
     table="[^/]+",
+    decode="[^/]+",
 
 
 include: "workflow/rules/data.smk"

@@ -191,7 +191,11 @@ def cmd_train(a: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> None:
-    """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl."""
+    """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl.
+
+    With ``--decode NAME`` the suites are decoded by that test-time decoding (paper config ``decodes``)
+    mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``.
+    """
     from creditlab.data.io import read_records
     from creditlab.eval.evaluate import evaluate_model
     from creditlab.rewards.scorer import RewardScorer
@@ -200,31 +204,50 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
 
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
+    decode = plan.decode(a.decode) if a.decode else None
+    if decode is not None and not run.trains:
+        raise SystemExit(f"--decode needs a trained RL run, not {run.key!r}")
     cfg = run_config(run)
     _setup(cfg)
-    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
-    data_dir, out = paths.fmt(paths.DATA_DIR, **fill), paths.fmt(paths.EVAL_DIR, **fill)
+    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed,
+                decode=a.decode)
+    data_dir = paths.fmt(paths.DATA_DIR, **fill)
+    out = paths.fmt(paths.EVAL_DIR if decode is None else paths.DECODE_EVAL_DIR, **fill)
+    run_dir, base_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.BASE_DIR, **fill)
     if run.trains:
-        model_dir, config_path = paths.fmt(paths.RUN_DIR, **fill) / "final", paths.fmt(paths.RUN_DIR, **fill) / "config.yaml"
+        config_path = run_dir / "config.yaml"
         tracker = Tracker.attach(Path(a.results), run.experiment, run.key, local_dir=out)
     else:
-        model_dir, config_path = paths.fmt(paths.BASE_DIR, **fill), out / "config.yaml"
+        config_path = out / "config.yaml"
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
                                 params=cfg, local_dir=out)
-    tok, model = _load_tokenizer(data_dir), _load_model(model_dir)
+    tok = _load_tokenizer(data_dir)
+    generate_fn, prefix = None, "eval"
+    if decode is None:
+        model = _load_model(run_dir / "final" if run.trains else base_dir)
+    else:
+        from creditlab.decoding.extrapolation import make_selective_generate_fn
+
+        model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
+        generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings())
+        prefix = f"decode/{decode.name}/eval"
     suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
     e = cfg["eval"]
     with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
         result = evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
                                 temperature=e["temperature"], top_p=e["top_p"],
                                 template=cfg["data"].get("template", "tiny"), seed=run.seed, scorer=scorer,
-                                out_dir=out, batch_size=e.get("batch_size"))
+                                out_dir=out, batch_size=e.get("batch_size"), generate_fn=generate_fn,
+                                progress=not a.quiet)
     result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
-                            "config": str(config_path), "scale": run.scale}
+                            "config": str(config_path), "scale": run.scale,
+                            "decode": decode.settings() | {"name": decode.name} if decode else None}
     _write_json(result, out / "metrics.json")
-    flat = {f"eval/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
+    flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
+    flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
+             if r.get("replacement_rate") is not None}
     tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
     tracker.log_artifact(out / "metrics.json")
     tracker.end()
@@ -304,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=fn.__doc__)
         run_args(sp)
         sp.set_defaults(fn=fn)
+        if name == "evaluate":
+            sp.add_argument("--decode", default=None, help="a test-time decoding of the paper configs")
     sp = sub.add_parser("table", help=cmd_table.__doc__)
     sp.add_argument("--paper", required=True)
     sp.add_argument("--table", required=True)

@@ -47,12 +47,21 @@ def model_of(wildcards):
     return at_scale(paths.RUN_DONE).format(**wildcards)
 
 
+def decode_inputs(wildcards):
+    """A decoding needs the backbone's base model and the run's trained RL model."""
+    return {
+        "base": at_scale(paths.BASE_DONE).format(backbone=wildcards.backbone),
+        "rl": at_scale(paths.RUN_DONE).format(**wildcards),
+    }
+
+
 def table_inputs(wildcards):
     """Evaluation metrics of every row of a table, and training metrics of its trained runs."""
     out = {"evals": [], "curves": []}
-    for run in PLAN.table_runs(wildcards.paper, wildcards.table):
-        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed)
-        out["evals"].append(str(paths.fmt(paths.EVAL_METRICS, **fill)))
-        if run.trains:
+    for run, decode in PLAN.table_evals(wildcards.paper, wildcards.table):
+        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed, decode=decode)
+        pattern = paths.EVAL_METRICS if decode is None else paths.DECODE_EVAL_METRICS
+        out["evals"].append(str(paths.fmt(pattern, **fill)))
+        if run.trains and str(paths.fmt(paths.RUN_METRICS, **fill)) not in out["curves"]:
             out["curves"].append(str(paths.fmt(paths.RUN_METRICS, **fill)))
     return out

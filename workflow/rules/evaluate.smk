@@ -15,3 +15,23 @@ rule evaluate:
         ENV
     shell:
         "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"
+
+
+rule evaluate_decode:
+    input:
+        unpack(decode_inputs),
+        tracking=rules.init_tracking.output,
+    output:
+        at_scale(paths.DECODE_EVAL_METRICS),
+    log:
+        log_for("evaluate/{backbone}/{run}/s{seed}/decode-{decode}"),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
+        "--decode {wildcards.decode} > {log} 2>&1"
