@@ -30,6 +30,7 @@ wildcard_constraints:
     paper="[^/]+",
     table="[^/]+",
     decode="[^/]+",
+    figure="[^/]+",
 
 
 include: "workflow/rules/data.smk"

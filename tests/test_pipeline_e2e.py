@@ -54,8 +54,22 @@ def test_table_has_every_row_with_ci_and_provenance(micro_results):
     assert "35.73" in md and "not comparable" in md.lower()
     ablation = pd.read_csv(micro_results / "micro/tables/dlogp/ablation.csv")
     assert set(ablation["row"]) == {"PPL", "Dominate", "Ours (Δlog p)"}
-    png = micro_results / "micro/figures/dlogp/main_training_curves.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for png in ("dlogp/main_training_curves.png", "dlogp/figure_replacement_curves.png",
+                "diagnostics/micro-s/dapo-ds/s0_token_histograms.png"):
+        assert (micro_results / "micro/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_test_time_decoding_tables(micro_results):
+    rep = pd.read_csv(micro_results / "micro/tables/dlogp/replacement.csv")
+    rates = rep[rep["column"] == "Replaced"].set_index("row")["ours_mean"]
+    assert rates[["Base", "DAPO (π_RL)"]].isna().all()  # plain decoding: not applicable
+    decoded = rates.drop(["Base", "DAPO (π_RL)"])
+    assert decoded.notna().all() and ((decoded >= 0) & (decoded <= 100)).all()
+    assert rates["random (3)"] > rates["random (1)"]  # a looser threshold replaces more
+    ext = pd.read_csv(micro_results / "micro/tables/dlogp/extrapolation.csv")
+    assert ext[(ext["row"] == "Selective extrapolation") & (ext["column"] == "AIME24")]["paper"].item() == 55.42
+    metrics = json.loads((micro_results / "micro/evals/micro-s/dapo-ds/s0/decode/extrap/metrics.json").read_text())
+    assert metrics["provenance"]["decode"]["gamma"] == 0.05 and metrics["provenance"]["decode"]["threshold"] == -0.02
 
 
 def test_runs_are_done_resumable_and_tracked(micro_results):

@@ -231,7 +231,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         from creditlab.decoding.extrapolation import make_selective_generate_fn
 
         model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
-        generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings())
+        generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
         prefix = f"decode/{decode.name}/eval"
     suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
     e = cfg["eval"]
@@ -243,7 +243,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
                                 progress=not a.quiet)
     result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
                             "config": str(config_path), "scale": run.scale,
-                            "decode": decode.settings() | {"name": decode.name} if decode else None}
+                            "decode": decode.settings(run.scale) | {"name": decode.name} if decode else None}
     _write_json(result, out / "metrics.json")
     flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
     flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
@@ -274,6 +274,50 @@ def cmd_table(a: argparse.Namespace) -> None:
             series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
                 paths.RUN_METRICS, results=a.results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
     plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), title=f"{spec.title}: {a.table}")
+
+
+def cmd_diagnose(a: argparse.Namespace) -> None:
+    """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON)."""
+    from creditlab.data.io import read_records
+    from creditlab.data.schema import render_prompt
+    from creditlab.decoding.diagnostics import collect_token_stats, plot_histograms, summarize
+
+    plan = build_plan(_pipeline(a), validate=False)
+    run = plan.get(a.backbone, a.run, a.seed)
+    cfg = run_config(run)
+    _setup(cfg)
+    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
+    data_dir = paths.fmt(paths.DATA_DIR, **fill)
+    tok = _load_tokenizer(data_dir)
+    base = _load_model(paths.fmt(paths.BASE_DIR, **fill)).eval()
+    rl = _load_model(paths.fmt(paths.RUN_DIR, **fill) / "final").eval()
+    records = [r for s in a.suites.split(",") for r in read_records(data_dir / "suites" / f"{s}.parquet")]
+    prompts = [tok(render_prompt(r["question"], cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
+    e = cfg["eval"]
+    values = {src: collect_token_stats(base, rl, prompts, source=src, max_new_tokens=e["max_new_tokens"],
+                                       eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                                       temperature=e["temperature"], top_p=e["top_p"], seed=run.seed)
+              for src in ("base", "rl")}
+    png = paths.fmt(paths.DIAG_PNG, **fill)
+    plot_histograms(values, png, f"{run.key}: base vs RL outputs (suites {a.suites})")
+    _write_json({"run_key": run.key, "suites": a.suites.split(","), "stats": summarize(values)},
+                png.with_suffix(".json"))
+
+
+def cmd_figure(a: argparse.Namespace) -> None:
+    """Draw one table-based paper figure (configs/papers/<paper>.yaml `figures`)."""
+    import pandas as pd
+
+    from creditlab.tables.figures import plot_replacement_curves
+
+    plan = build_plan(_pipeline(a), validate=False)
+    spec = plan.papers[a.paper]
+    fig = spec.figures[a.name]
+    if fig.kind != "replacement_curves":
+        raise SystemExit(f"figure {a.name!r} ({fig.kind}) is drawn by `diagnose`, not `figure`")
+    fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=fig.table, figure=a.name)
+    df = pd.read_csv(paths.fmt(paths.TABLE_CSV, **fill))
+    plot_replacement_curves(df, spec, fig, paths.fmt(paths.FIGURE_PNG, **fill))
 
 
 def cmd_plan(a: argparse.Namespace) -> None:
@@ -333,6 +377,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--paper", required=True)
     sp.add_argument("--table", required=True)
     sp.set_defaults(fn=cmd_table)
+    sp = sub.add_parser("diagnose", help=cmd_diagnose.__doc__)
+    run_args(sp)
+    sp.add_argument("--suites", default="easy,medium,hard", help="comma-separated suites whose prompts are used")
+    sp.set_defaults(fn=cmd_diagnose)
+    sp = sub.add_parser("figure", help=cmd_figure.__doc__)
+    sp.add_argument("--paper", required=True)
+    sp.add_argument("--name", required=True)
+    sp.set_defaults(fn=cmd_figure)
     sub.add_parser("plan", help=cmd_plan.__doc__).set_defaults(fn=cmd_plan)
     sp = sub.add_parser("mlflow-ui", help=cmd_mlflow_ui.__doc__)
     sp.add_argument("--port", type=int, default=5000)

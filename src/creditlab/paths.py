@@ -25,6 +25,8 @@ DECODE_EVAL_METRICS = DECODE_EVAL_DIR + "/metrics.json"
 TABLE_CSV = "{results}/{scale}/tables/{paper}/{table}.csv"
 TABLE_MD = "{results}/{scale}/tables/{paper}/{table}.md"
 CURVES_PNG = "{results}/{scale}/figures/{paper}/{table}_training_curves.png"
+FIGURE_PNG = "{results}/{scale}/figures/{paper}/figure_{figure}.png"
+DIAG_PNG = "{results}/{scale}/figures/diagnostics/{backbone}/{run}/s{seed}_token_histograms.png"
 MLFLOW_DB = "{results}/mlflow.db"
 TRACKING_READY = "{results}/.mlflow_ready"
 

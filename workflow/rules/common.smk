@@ -37,7 +37,27 @@ def all_tables():
     for paper, table in PLAN.tables:
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
         out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
-    return out
+    return out + all_figures()
+
+
+def figure_path(paper, name):
+    """Where a paper figure lands: its own file, or the diagnostics of a (backbone, run, seed)."""
+    spec = PLAN.papers[paper]
+    fig = spec.figures[name]
+    if fig.kind == "token_histograms":
+        backbone = spec.backbone_for(fig.backbone, SCALE)
+        return str(paths.fmt(paths.DIAG_PNG, results=RESULTS, scale=SCALE, backbone=backbone, run=fig.run,
+                             seed=PLAN.seeds[0]))
+    return str(paths.fmt(paths.FIGURE_PNG, results=RESULTS, scale=SCALE, paper=paper, figure=name))
+
+
+def all_figures():
+    return [figure_path(paper, name) for paper, spec in PLAN.papers.items() for name in spec.figures]
+
+
+def figure_table(wildcards):
+    fig = PLAN.papers[wildcards.paper].figures[wildcards.figure]
+    return str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=wildcards.paper, table=fig.table))
 
 
 def model_of(wildcards):

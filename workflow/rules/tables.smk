@@ -27,6 +27,49 @@ rule table:
         "{params.cli} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
 
 
+rule figure:
+    input:
+        figure_table,
+    output:
+        report(
+            at_scale(paths.FIGURE_PNG),
+            caption="../report/figure.rst",
+            category="{paper}",
+            subcategory="figures",
+            labels={"paper": "{paper}", "figure": "{figure}"},
+        ),
+    log:
+        log_for("figure/{paper}/{figure}"),
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+
+
+rule diagnose:
+    input:
+        unpack(decode_inputs),
+    output:
+        report(
+            at_scale(paths.DIAG_PNG),
+            caption="../report/diagnostics.rst",
+            category="diagnostics",
+            labels={"backbone": "{backbone}", "run": "{run}", "seed": "{seed}"},
+        ),
+    log:
+        log_for("diagnose/{backbone}/{run}/s{seed}"),
+    threads: 1
+    params:
+        cli=CLI,
+    conda:
+        ENV
+    shell:
+        "{params.cli} diagnose --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
+        "> {log} 2>&1"
+
+
 for _paper, _table in PLAN.tables:
 
     rule:

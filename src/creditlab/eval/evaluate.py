@@ -175,6 +175,19 @@ def _generation_rows(
     ]
 
 
+def _per_question_decode_counts(rows: Sequence[dict], q: int, k: int) -> dict[str, list[int]]:
+    """Per question, over its k samples: generated tokens and each decode counter (e.g. resampled).
+
+    Empty for plain decoding (no counters). Lets tables bootstrap e.g. a replacement rate over questions.
+    """
+    counters = [name for name in RATE_STATS if name in rows[0]] if rows else []
+    if not counters:
+        return {}
+    def per_q(field: str) -> list[int]:
+        return np.array([r[field] for r in rows], dtype=np.int64).reshape(q, k + 1)[:, 1:].sum(1).tolist()
+    return {"tokens": per_q("n_tokens"), **{name: per_q(name) for name in counters}}
+
+
 def _suite_arrays(rows: Sequence[dict], q: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """greedy [Q] and samples [Q, k] 0/1 arrays from rows grouped by question (greedy first)."""
     per_question = np.array([r["correct"] for r in rows], dtype=np.float64).reshape(q, k + 1)
@@ -248,6 +261,7 @@ def evaluate_suite(
             "greedy": greedy.astype(int).tolist(),
             "n": k,
             "c": samples.sum(axis=1).astype(int).tolist(),
+            **_per_question_decode_counts(rows, len(records), k),
         },
         **sampled_stats,
         **{f"greedy_{name}": value for name, value in greedy_stats.items()},

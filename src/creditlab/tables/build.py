@@ -70,6 +70,10 @@ def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:
     pq = suite["per_question"]
     if metric == "greedy":
         return np.asarray(pq["greedy"], dtype=float)
+    if metric == "replacement_rate":  # test-time decoding: resampled / generated tokens of each question
+        if "resampled" not in pq:
+            raise ValueError("replacement_rate needs a test-time decoding evaluation (row with `decode`)")
+        return np.asarray(pq["resampled"], dtype=float) / np.maximum(np.asarray(pq["tokens"], dtype=float), 1)
     kind, _, j_text = metric.partition("@")
     j, n = int(j_text), int(pq["n"])
     correct = np.asarray(pq["c"], dtype=int)
@@ -160,8 +164,11 @@ def _row_lines(paper: PaperSpec, table: TableSpec, row: Row, scale: str, seeds: 
         leaves = table.leaves(column)
         suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
         metrics = [resolve_metric(metric, k) for _, metric in leaves]
-        per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
-        mean, lo, hi = _cell_stats(per_suite, column.weighting)
+        if row.decode is None and "replacement_rate" in metrics:  # plain decoding replaces nothing: n/a
+            per_suite, (mean, lo, hi) = [], (float("nan"),) * 3
+        else:
+            per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+            mean, lo, hi = _cell_stats(per_suite, column.weighting)
         n_questions = {s: len(v) for s, v in zip(suites, per_suite)}
         lines.append({
             "row": row.label, "paper_backbone": row.backbone, "backbone": backbone,

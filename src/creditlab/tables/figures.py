@@ -97,3 +97,41 @@ def plot_training_curves(series: Mapping[str, Path], out_png: Path,
     fig.savefig(out_png, dpi=DPI, format="png")
     plt.close(fig)
     return out_png
+
+
+def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
+    """Accuracy vs replacement rate: column ``figure.y`` against ``figure.x`` of ``figure.table``.
+
+    ``df`` is the table's long frame (tables.build.build_table). Rows with a decoding are grouped into
+    one line per criterion (sorted by x); rows without one (base model, RL model) are horizontal
+    reference lines. Error bars are the cells' 95% bootstrap CIs.
+    """
+    table = paper.table(figure.table)
+    cell = {(r, c): (m, lo, hi) for r, c, m, lo, hi in
+            df[["row", "column", "ours_mean", "ours_lo", "ours_hi"]].itertuples(index=False)}
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    lines: dict[str, list[tuple]] = {}
+    for row in table.rows:
+        if row.decode is None:
+            y, lo, hi = cell[(row.label, figure.y)]
+            ax.axhline(y, ls="--", lw=1, color="grey" if row.run == "base" else "black")
+            ax.text(0, y, f" {row.label}", va="bottom", fontsize=8)
+            continue
+        crit = paper.decodes[row.decode].criterion
+        lines.setdefault(crit, []).append((cell[(row.label, figure.x)], cell[(row.label, figure.y)]))
+    for crit, pts in sorted(lines.items()):
+        pts.sort(key=lambda p: p[0][0])
+        xs, ys = [p[0][0] for p in pts], [p[1][0] for p in pts]
+        yerr = [[p[1][0] - p[1][1] for p in pts], [p[1][2] - p[1][0] for p in pts]]
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label=crit)
+    ax.set_xlabel(f"{figure.x} (% of generated tokens replaced)")
+    ax.set_ylabel(f"{figure.y} (%)")
+    ax.set_title(f"{paper.title.split(':')[0]}: {figure.name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(title="criterion", fontsize=8)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png

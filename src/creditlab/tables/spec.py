@@ -20,13 +20,15 @@ import yaml
 BASE_RUN = "base"
 """Reserved run name: the untrained base model (tiny: warmed up; paper: from the hub)."""
 
-METRICS = ("greedy", "avg@k", "pass@k", "pass@1")
+METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
 """Column metrics. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at the table's scale."""
 
 WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
-_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables")
+_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures")
+FIGURE_KINDS = ("replacement_curves", "token_histograms")
+_FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run")
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
 _TABLE_KEYS = ("caption", "columns", "rows")
@@ -90,17 +92,45 @@ class DecodeSpec:
     criterion fires on the token proposed by the decoding model (dlogp: Δlog p <= threshold when
     decoding with the base model, >= when decoding with the RL model; others: score >= threshold);
     a fired position is resampled from log-softmax((1 + gamma) log pi_RL - gamma log pi_base).
+    ``thresholds`` holds one value per scale (tiny models are far more confident than 7B-32B ones,
+    so the paper's tau would almost never fire at tiny scale).
     """
 
     name: str
+    thresholds: tuple[tuple[str, float], ...]
     criterion: str = "dlogp"
-    threshold: float = 0.0
     gamma: float = 0.0
     decode_with: str = "base"
     top_k_support: int | None = None
 
-    def settings(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _DECODE_KEYS}
+    def threshold(self, scale: str) -> float:
+        table = dict(self.thresholds)
+        if "*" in table:  # one threshold for every scale
+            return table["*"]
+        if scale not in table:
+            raise ValueError(f"decoding {self.name!r} has no threshold for scale {scale!r}; has {sorted(table)}")
+        return table[scale]
+
+    def settings(self, scale: str) -> dict[str, Any]:
+        """Keyword arguments of creditlab.decoding.extrapolation.make_selective_generate_fn."""
+        return {"criterion": self.criterion, "threshold": self.threshold(scale), "gamma": self.gamma,
+                "decode_with": self.decode_with, "top_k_support": self.top_k_support}
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """A paper figure: ``replacement_curves`` plots column ``y`` against column ``x`` of ``table``, one
+    line per decoding criterion (rows without a decoding as reference lines); ``token_histograms``
+    plots Δlog p / entropy / KL histograms of ``run``'s outputs vs its base model's on ``backbone``."""
+
+    name: str
+    kind: str
+    caption: str = ""
+    table: str | None = None
+    x: str | None = None
+    y: str | None = None
+    backbone: str | None = None
+    run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,7 @@ class PaperSpec:
     tables: dict[str, TableSpec]
     source: str = ""
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
+    figures: dict[str, FigureSpec] = field(default_factory=dict)
 
     def backbone_for(self, paper_backbone: str, scale: str) -> str:
         """The model config name standing in for `paper_backbone` at `scale`."""
@@ -265,7 +296,8 @@ def _parse_scale_map(chk: _Checker, data: Any, what: str) -> dict[str, dict[str,
 
 
 def _parse_decodes(chk: _Checker, data: Any) -> dict[str, DecodeSpec]:
-    """Parse `decodes`: name -> {criterion, threshold, gamma, decode_with, top_k_support}."""
+    """Parse `decodes`: name -> {criterion, threshold (number or scale -> number), gamma, decode_with,
+    top_k_support}."""
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -276,12 +308,17 @@ def _parse_decodes(chk: _Checker, data: Any) -> dict[str, DecodeSpec]:
         body = chk.keys(body, where, _DECODE_KEYS, required=("threshold",))
         criterion = chk.choice(body.get("criterion", "dlogp"), f"{where}.criterion", DECODE_CRITERIA)
         decode_with = chk.choice(body.get("decode_with", "base"), f"{where}.decode_with", DECODE_WITH)
+        raw = body["threshold"]
         try:
-            threshold, gamma = float(body["threshold"]), float(body.get("gamma", 0.0))
+            thresholds = ({str(k): float(v) for k, v in raw.items()} if isinstance(raw, Mapping)
+                          else {"*": float(raw)})
+            gamma = float(body.get("gamma", 0.0))
             top_k = None if body.get("top_k_support") is None else int(body["top_k_support"])
         except (TypeError, ValueError):
-            chk.fail(where, f"threshold/gamma must be numbers and top_k_support an integer, got {dict(body)}")
-        decodes[str(name)] = DecodeSpec(str(name), criterion, threshold, gamma, decode_with, top_k)
+            chk.fail(where, "threshold must be a number or a mapping scale -> number, gamma a number and "
+                     f"top_k_support an integer; got {dict(body)}")
+        decodes[str(name)] = DecodeSpec(str(name), tuple(sorted(thresholds.items())), criterion, gamma,
+                                        decode_with, top_k)
     return decodes
 
 
@@ -428,7 +465,34 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         tables=tables,
         source=source,
         decodes=decodes,
+        figures=_parse_figures(chk, body.get("figures"), tables, context),
     )
+
+
+def _parse_figures(chk: _Checker, data: Any, tables: Mapping[str, TableSpec], paper: Mapping[str, Any]
+                   ) -> dict[str, FigureSpec]:
+    """Parse `figures`: name -> {kind, caption, ...} checked against the tables, backbones and runs."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        chk.fail("figures", "expected a mapping of figure name -> figure")
+    figures: dict[str, FigureSpec] = {}
+    for name, body in data.items():
+        where = f"figures.{name}"
+        body = chk.keys(body, where, _FIGURE_KEYS, required=("kind",))
+        kind = chk.choice(body["kind"], f"{where}.kind", FIGURE_KINDS)
+        caption = " ".join(str(body.get("caption") or "").split())
+        if kind == "replacement_curves":
+            table = chk.choice(body.get("table"), f"{where}.table", tables)
+            cols = [c.name for c in tables[table].columns]
+            fig = FigureSpec(str(name), kind, caption, table, chk.choice(body.get("x"), f"{where}.x", cols),
+                             chk.choice(body.get("y"), f"{where}.y", cols))
+        else:
+            fig = FigureSpec(str(name), kind, caption,
+                             backbone=chk.choice(body.get("backbone"), f"{where}.backbone", paper["backbones"]),
+                             run=chk.choice(body.get("run"), f"{where}.run", paper["runs"]))
+        figures[str(name)] = fig
+    return figures
 
 
 def load_paper(path: str | Path) -> PaperSpec:

@@ -73,6 +73,19 @@ class ForwardOut:
     hidden: Tensor | None = None
 
 
+def response_logprobs(model, batch: TokenBatch) -> "torch.Tensor":
+    """Full next-token log-probs at every response position: Tensor[B, T, V] (float32).
+
+    For diagnostics that need whole distributions (KL between two models); training uses
+    :func:`response_forward`, which keeps only what the loss needs.
+    """
+    device = next(model.parameters()).device
+    ids, att = batch.input_ids.to(device), batch.attention_mask.to(device)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    hidden = model.model(input_ids=ids, attention_mask=att, position_ids=pos).last_hidden_state
+    return torch.log_softmax(model.lm_head(hidden[:, -batch.response_len - 1 : -1]).float(), dim=-1)
+
+
 def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, with_hidden: bool = False) -> ForwardOut:
     """One forward of ``model`` over ``batch``; log-probs (and optionally entropy, h_t) of the response.
 

@@ -1,0 +1,94 @@
+"""Paper A diagnostics: where do the base and RL models disagree, token by token?
+
+For responses sampled from either model, both models score every generated token (teacher forcing);
+per token we record Δlog p = log pi_RL(y) - log pi_base(y), the entropy of each model and
+KL(pi_RL || pi_base). The paper's observation: Δlog p separates base outputs from RL outputs (bimodal)
+while entropy and KL overlap. The histograms of this module are its tiny-scale check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from creditlab.decoding.criteria import entropy, kl_divergence
+from creditlab.engines.local.batch import pack, response_logprobs
+from creditlab.engines.local.sampler import generate
+
+STATS = ("dlogp", "entropy_base", "entropy_rl", "kl_rl_base")
+
+
+def token_stats(logp_rl: Tensor, logp_base: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """Per-token statistics from both models' full log-probs.
+
+    logp_rl, logp_base: Tensor[N, V] normalised log-probs at N positions; tokens: Tensor[N] the tokens
+    generated there. Returns Tensor[N] each: dlogp, entropy_base, entropy_rl, kl_rl_base.
+    """
+    y = tokens[:, None]
+    return {
+        "dlogp": (logp_rl.gather(1, y) - logp_base.gather(1, y)).squeeze(1),
+        "entropy_base": entropy(logp_base),
+        "entropy_rl": entropy(logp_rl),
+        "kl_rl_base": kl_divergence(logp_rl, logp_base),
+    }
+
+
+@torch.no_grad()
+def collect_token_stats(base, rl, prompt_ids: list[list[int]], *, source: str, max_new_tokens: int, eos_id: int,
+                        pad_id: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                        chunk: int = 256) -> dict[str, np.ndarray]:
+    """Sample one response per prompt from ``source`` ("base" or "rl"), score every token with both models."""
+    sampler_model = base if source == "base" else rl
+    gen = generate(sampler_model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                   temperature=temperature, top_p=top_p, seed=seed)
+    out: dict[str, list[np.ndarray]] = {k: [] for k in STATS}
+    for i in range(0, len(prompt_ids), chunk):
+        batch = pack(prompt_ids[i : i + chunk], gen.response_ids[i : i + chunk], pad_id)
+        lp_b, lp_r = response_logprobs(base, batch), response_logprobs(rl, batch)
+        valid = batch.response_mask.bool()
+        stats = token_stats(lp_r[valid], lp_b[valid], batch.responses[valid])
+        for k, v in stats.items():
+            out[k].append(v.cpu().numpy())
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def summarize(values: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Quantiles of every statistic per source: {source: {stat: {n, mean, q01, q05, q25, q50, q75, q95, q99}}}."""
+    qs = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+    return {src: {k: {"n": int(v.size), "mean": float(v.mean()),
+                      **{f"q{int(q * 100):02d}": float(np.quantile(v, q)) for q in qs}}
+                  for k, v in stats.items()}
+            for src, stats in values.items()}
+
+
+def plot_histograms(values: dict[str, dict[str, np.ndarray]], out_png: Path, title: str) -> Path:
+    """One panel per statistic (Δlog p, entropy of the decoding model, KL), base vs RL outputs overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("dlogp", "Δlog p = log π_RL(y) − log π_base(y)", True),
+              ("entropy_base", "entropy of π_base", True), ("kl_rl_base", "KL(π_RL ‖ π_base)", True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (key, label, logy) in zip(axes, panels):
+        lo = min(np.quantile(v[key], 0.001) for v in values.values())
+        hi = max(np.quantile(v[key], 0.999) for v in values.values())
+        bins = np.linspace(lo, hi if hi > lo else lo + 1e-6, 60)
+        for src, stats in values.items():
+            ax.hist(stats[key], bins=bins, alpha=0.5, density=True, label=f"{src} outputs (n={stats[key].size})")
+        ax.set_xlabel(label)
+        if logy:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
