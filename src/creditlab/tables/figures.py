@@ -114,8 +114,10 @@ def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
     for row in table.rows:
         if row.decode is None:
             y, lo, hi = cell[(row.label, figure.y)]
-            ax.axhline(y, ls="--", lw=1, color="grey" if row.run == "base" else "black")
-            ax.text(0, y, f" {row.label}", va="bottom", fontsize=8)
+            is_base = row.run == "base"
+            ax.axhline(y, ls="--", lw=1, color="grey" if is_base else "black")
+            ax.annotate(row.label, (0.01 if is_base else 0.99, y), xycoords=("axes fraction", "data"),
+                        ha="left" if is_base else "right", va="bottom", fontsize=8)
             continue
         crit = paper.decodes[row.decode].criterion
         lines.setdefault(crit, []).append((cell[(row.label, figure.x)], cell[(row.label, figure.y)]))
