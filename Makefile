@@ -47,6 +47,7 @@ mlflow-ui: install
 bench: install
 	$(BIN)/python benchmarks/bench_sampler.py
 	$(BIN)/python benchmarks/bench_rl_step.py
+	$(BIN)/python benchmarks/bench_extrapolation.py
 
 clean-results:
 	rm -rf results/tiny results/micro results/mlflow.db results/mlartifacts results/.mlflow_ready
