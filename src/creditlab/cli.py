@@ -280,7 +280,8 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
     """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON)."""
     from creditlab.data.io import read_records
     from creditlab.data.schema import render_prompt
-    from creditlab.decoding.diagnostics import collect_token_stats, plot_histograms, summarize
+    from creditlab.decoding.diagnostics import collect_token_stats, summarize
+    from creditlab.tables.figures import plot_token_histograms
 
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
@@ -299,7 +300,7 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
                                        temperature=e["temperature"], top_p=e["top_p"], seed=run.seed)
               for src in ("base", "rl")}
     png = paths.fmt(paths.DIAG_PNG, **fill)
-    plot_histograms(values, png, f"{run.key}: base vs RL outputs (suites {a.suites})")
+    plot_token_histograms(values, png, f"{run.key}: base vs RL outputs (suites {a.suites})")
     _write_json({"run_key": run.key, "suites": a.suites.split(","), "stats": summarize(values)},
                 png.with_suffix(".json"))
 

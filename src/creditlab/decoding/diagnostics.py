@@ -8,8 +8,6 @@ while entropy and KL overlap. The histograms of this module are its tiny-scale c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -62,33 +60,3 @@ def summarize(values: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, d
                       **{f"q{int(q * 100):02d}": float(np.quantile(v, q)) for q in qs}}
                   for k, v in stats.items()}
             for src, stats in values.items()}
-
-
-def plot_histograms(values: dict[str, dict[str, np.ndarray]], out_png: Path, title: str) -> Path:
-    """One panel per statistic (Δlog p, entropy of the decoding model, KL), base vs RL outputs overlaid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("dlogp", "Δlog p = log π_RL(y) − log π_base(y)", True),
-              ("entropy_base", "entropy of π_base", True), ("kl_rl_base", "KL(π_RL ‖ π_base)", True)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
-    for ax, (key, label, logy) in zip(axes, panels):
-        lo = min(np.quantile(v[key], 0.001) for v in values.values())
-        hi = max(np.quantile(v[key], 0.999) for v in values.values())
-        bins = np.linspace(lo, hi if hi > lo else lo + 1e-6, 60)
-        for src, stats in values.items():
-            ax.hist(stats[key], bins=bins, alpha=0.5, density=True, label=f"{src} outputs (n={stats[key].size})")
-        ax.set_xlabel(label)
-        if logy:
-            ax.set_yscale("log")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -131,9 +132,37 @@ def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
     ax.set_title(f"{paper.title.split(':')[0]}: {figure.name}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(title="criterion", fontsize=8)
+    return save_figure(fig, out_png)
+
+
+def plot_token_histograms(values: Mapping[str, Mapping[str, np.ndarray]], out_png: Path, title: str) -> Path:
+    """Paper A diagnostics: Δlog p, base entropy and KL(π_RL‖π_base) histograms, base vs RL outputs.
+
+    ``values``: source ("base"/"rl") -> statistic -> per-token values (decoding.diagnostics).
+    """
+    panels = [("dlogp", "Δlog p = log π_RL(y) − log π_base(y)", True),
+              ("entropy_base", "entropy of π_base", True), ("kl_rl_base", "KL(π_RL ‖ π_base)", True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (key, label, logy) in zip(axes, panels):
+        lo = min(np.quantile(v[key], 0.001) for v in values.values())
+        hi = max(np.quantile(v[key], 0.999) for v in values.values())
+        bins = np.linspace(lo, hi if hi > lo else lo + 1e-6, 60)
+        for src, stats in values.items():
+            ax.hist(stats[key], bins=bins, alpha=0.5, density=True, label=f"{src} outputs (n={stats[key].size})")
+        ax.set_xlabel(label)
+        if logy:
+            ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return save_figure(fig, out_png)
+
+
+def save_figure(fig, out_png: Path, dpi: int = 120) -> Path:
+    """tight_layout, write the PNG (parents created), close the figure."""
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
+    fig.savefig(out_png, dpi=dpi)
     plt.close(fig)
     return out_png
