@@ -24,7 +24,7 @@ def test_plan_dedupes_runs_and_resolves_configs():
         "micro/micro-s/dapo-ds/s0", "micro/micro-s/dlogp-ds-a0.2/s0", "micro/micro-s/dominate-ds/s0",
         "micro/micro-s/ppl-ds/s0"]
     run = plan.get("micro-s", "dapo-ds", 0)
-    assert run.experiment == "dlogp" and run.tables == ["dlogp/main"]
+    assert run.experiment == "dlogp" and run.tables == ["dlogp/main", "dlogp/extrapolation", "dlogp/replacement"]
     shared = plan.get("micro-s", "dlogp-ds-a0.2", 0)  # one run serves two tables: trained once
     assert shared.tables == ["dlogp/main", "dlogp/ablation"]
     assert run_config(shared)["method"]["credit"] == [{"name": "dlogp", "alpha": 0.2}]

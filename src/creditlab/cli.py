@@ -168,20 +168,20 @@ def cmd_train(a: argparse.Namespace) -> None:
     model = _load_model(paths.fmt(paths.BASE_DIR, **fill))
     tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg), params=cfg,
                             local_dir=run_dir)
-    t0 = time.perf_counter()
-    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
-        trainer = Trainer(cfg, model, tok, read_records(data_dir / "train.parquet"), scorer, ckpt_dir,
-                          log_fn=tracker.log_metrics, progress=not a.quiet)
-        resumed_at = trainer.step if trainer.maybe_resume() else None
-        if resumed_at is not None:
-            print(f"resuming {run.key} from step {resumed_at}", file=sys.stderr)
-        history = trainer.fit()
-        reward_stats = scorer.stats
-    write_history(history, run_dir / "metrics.jsonl")
-    save_model(trainer.model, tok, run_dir / "final")
-    tracker.log_metrics({f"reward_worker/{k}": float(v) for k, v in reward_stats.items()}, trainer.step)
-    tracker.log_artifact(run_dir / "config.yaml")
-    tracker.end()
+    with tracker:  # ends the MLflow run FAILED if anything below raises
+        t0 = time.perf_counter()
+        with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+            trainer = Trainer(cfg, model, tok, read_records(data_dir / "train.parquet"), scorer, ckpt_dir,
+                              log_fn=tracker.log_metrics, progress=not a.quiet)
+            resumed_at = trainer.step if trainer.maybe_resume() else None
+            if resumed_at is not None:
+                print(f"resuming {run.key} from step {resumed_at}", file=sys.stderr)
+            history = trainer.fit()
+            reward_stats = scorer.stats
+        write_history(history, run_dir / "metrics.jsonl")
+        save_model(trainer.model, tok, run_dir / "final")
+        tracker.log_metrics({f"reward_worker/{k}": float(v) for k, v in reward_stats.items()}, trainer.step)
+        tracker.log_artifact(run_dir / "config.yaml")
     steps = cfg["trainer"]["steps"]
     if trainer.step != steps:
         raise SystemExit(f"{run.key}: trained {trainer.step} steps of {steps}; not marking DONE")
@@ -223,34 +223,34 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
                                 params=cfg, local_dir=out)
-    tok = _load_tokenizer(data_dir)
-    generate_fn, prefix = None, "eval"
-    if decode is None:
-        model = _load_model(run_dir / "final" if run.trains else base_dir)
-    else:
-        from creditlab.decoding.extrapolation import make_selective_generate_fn
+    with tracker:  # ends the MLflow run it opened FAILED if anything below raises
+        tok = _load_tokenizer(data_dir)
+        generate_fn, prefix = None, "eval"
+        if decode is None:
+            model = _load_model(run_dir / "final" if run.trains else base_dir)
+        else:
+            from creditlab.decoding.extrapolation import make_selective_generate_fn
 
-        model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
-        generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
-        prefix = f"decode/{decode.name}/eval"
-    suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
-    e = cfg["eval"]
-    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
-        result = evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
-                                temperature=e["temperature"], top_p=e["top_p"],
-                                template=cfg["data"].get("template", "tiny"), seed=run.seed, scorer=scorer,
-                                out_dir=out, batch_size=e.get("batch_size"), generate_fn=generate_fn,
-                                progress=not a.quiet)
-    result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
-                            "config": str(config_path), "scale": run.scale,
-                            "decode": decode.settings(run.scale) | {"name": decode.name} if decode else None}
-    _write_json(result, out / "metrics.json")
-    flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
-    flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
-             if r.get("replacement_rate") is not None}
-    tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
-    tracker.log_artifact(out / "metrics.json")
-    tracker.end()
+            model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
+            generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
+            prefix = f"decode/{decode.name}/eval"
+        suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
+        e = cfg["eval"]
+        with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+            result = evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
+                                    temperature=e["temperature"], top_p=e["top_p"],
+                                    template=cfg["data"].get("template", "tiny"), seed=run.seed, scorer=scorer,
+                                    out_dir=out, batch_size=e.get("batch_size"), generate_fn=generate_fn,
+                                    progress=not a.quiet)
+        result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
+                                "config": str(config_path), "scale": run.scale,
+                                "decode": decode.settings(run.scale) | {"name": decode.name} if decode else None}
+        _write_json(result, out / "metrics.json")
+        flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
+        flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
+                 if r.get("replacement_rate") is not None}
+        tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
+        tracker.log_artifact(out / "metrics.json")
 
 
 def cmd_table(a: argparse.Namespace) -> None:
