@@ -15,8 +15,10 @@ except (PlanError, ValueError) as err:
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
 SCALE = PLAN.scale
-if config.get("mlflow_uri"):  # jobs inherit the environment; not a param, so no re-run when it changes
-    os.environ["MLFLOW_TRACKING_URI"] = config["mlflow_uri"]
+if config.get("mlflow_uri"):
+    # exported (not read) for the jobs, which inherit the environment (sbatch too: --export=ALL);
+    # deliberately not a rule param, so pointing at another server re-runs nothing
+    os.environ.update(MLFLOW_TRACKING_URI=config["mlflow_uri"])
 CLI = (
     f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} "
     f"--seeds {','.join(map(str, PLAN.seeds))} --papers {','.join(config['papers'])}"
