@@ -115,7 +115,8 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     history = warmup(model, tok, read_records(data_dir / "train.parquet"), cfg, a.seed, tracker.log_metrics,
                      progress=not a.quiet)
-    acc = _greedy_accuracy(model, tok, read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]], cfg)
+    val = {"val": read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]]}
+    acc = _evaluate(model, tok, val, cfg, a.seed, out / "val_eval", a.quiet)["suites"]["val"]["metrics"]["greedy"]["mean"]
     tracker.log_metrics({"val_greedy_acc": acc}, cfg["warmup"]["steps"])
     save_model(model, tok, out)
     tracker.end()
@@ -126,22 +127,18 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     print(json.dumps(done, indent=1))
 
 
-def _greedy_accuracy(model, tok, records: list[dict], cfg: dict[str, Any]) -> float:
-    from creditlab.data.schema import render_prompt
-    from creditlab.engines.local.sampler import generate
+def _evaluate(model, tok, suites: dict[str, list[dict]], cfg: dict[str, Any], seed: int, out: Path,
+              quiet: bool, generate_fn=None) -> dict[str, Any]:
+    """The one evaluation path (eval settings of ``cfg``): per-sample jsonl + metrics.json under ``out``."""
+    from creditlab.eval.evaluate import evaluate_model
     from creditlab.rewards.scorer import RewardScorer
 
-    prompts = [tok(render_prompt(r["question"], cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
-    model.eval()
-    import torch
-
-    with torch.no_grad():
-        gen = generate(model, prompts, max_new_tokens=cfg["eval"]["max_new_tokens"], eos_id=tok.eos_token_id,
-                       pad_id=tok.pad_token_id, greedy=True)
-    texts = tok.batch_decode(gen.response_ids, skip_special_tokens=True)
+    e = cfg["eval"]
     with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
-        scores = scorer.score(texts, [r["answer"] for r in records])
-    return sum(s > 0 for s in scores) / max(1, len(scores))
+        return evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
+                              temperature=e["temperature"], top_p=e["top_p"],
+                              template=cfg["data"].get("template", "tiny"), seed=seed, scorer=scorer, out_dir=out,
+                              batch_size=e.get("batch_size"), generate_fn=generate_fn, progress=not quiet)
 
 
 def cmd_train(a: argparse.Namespace) -> None:
@@ -197,8 +194,6 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``.
     """
     from creditlab.data.io import read_records
-    from creditlab.eval.evaluate import evaluate_model
-    from creditlab.rewards.scorer import RewardScorer
     from creditlab.tracking.mlflow_tracker import Tracker
     from creditlab.tracking.provenance import git_commit
 
@@ -235,13 +230,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
             generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
             prefix = f"decode/{decode.name}/eval"
         suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
-        e = cfg["eval"]
-        with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
-            result = evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
-                                    temperature=e["temperature"], top_p=e["top_p"],
-                                    template=cfg["data"].get("template", "tiny"), seed=run.seed, scorer=scorer,
-                                    out_dir=out, batch_size=e.get("batch_size"), generate_fn=generate_fn,
-                                    progress=not a.quiet)
+        result = _evaluate(model, tok, suites, cfg, run.seed, out, a.quiet, generate_fn)
         result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
                                 "config": str(config_path), "scale": run.scale,
                                 "decode": decode.settings(run.scale) | {"name": decode.name} if decode else None}
