@@ -176,9 +176,11 @@ def cmd_train(a: argparse.Namespace) -> None:
             history = trainer.fit()
             reward_stats = scorer.stats
         write_history(history, run_dir / "metrics.jsonl")
+        _write_json(trainer.token_credit_table(lambda i: tok.decode([i])), run_dir / "token_credit.json")
         save_model(trainer.model, tok, run_dir / "final")
         tracker.log_metrics({f"reward_worker/{k}": float(v) for k, v in reward_stats.items()}, trainer.step)
         tracker.log_artifact(run_dir / "config.yaml")
+        tracker.log_artifact(run_dir / "token_credit.json")
     steps = cfg["trainer"]["steps"]
     if trainer.step != steps:
         raise SystemExit(f"{run.key}: trained {trainer.step} steps of {steps}; not marking DONE")

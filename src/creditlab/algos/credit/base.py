@@ -23,6 +23,10 @@ class CreditInputs:
     hidden:    Tensor[B, T, d]     final hidden states h_t (LM-head input) from the same forward, or None
     entropy:   Tensor[B, T]        entropy of pi_old at each position, or None
     ref_logp:  Tensor[B, T]        reference-model log-probs, or None
+    topk_logp: Tensor[B, T, K]     log-probs of the K most probable tokens at each position, or None
+    topk_ids:  Tensor[B, T, K]     their token ids, or None
+    lm_head:   Tensor[V, d]        the LM-head weight (detached), or None
+    rng:       torch.Generator     seeded from (seed, step) by the engine, for randomised variants
     """
 
     responses: Tensor
@@ -33,6 +37,10 @@ class CreditInputs:
     hidden: Tensor | None = None
     entropy: Tensor | None = None
     ref_logp: Tensor | None = None
+    topk_logp: Tensor | None = None
+    topk_ids: Tensor | None = None
+    lm_head: Tensor | None = None
+    rng: torch.Generator | None = None
 
 
 INPUT_FIELDS = tuple(CreditInputs.__dataclass_fields__)
@@ -43,18 +51,25 @@ def credit_inputs_of(fn) -> tuple[str, ...]:
     return tuple(p for p in inspect.signature(fn).parameters if p in INPUT_FIELDS)
 
 
+def required_inputs_of(fn) -> tuple[str, ...]:
+    """The CreditInputs fields ``fn`` cannot do without (those without a default)."""
+    params = inspect.signature(fn).parameters
+    return tuple(n for n in credit_inputs_of(fn) if params[n].default is inspect.Parameter.empty)
+
+
 def apply_credit(fn, batch: CreditInputs, kwargs: dict) -> Tensor:
-    """Call a registered credit function with the batch tensors it names plus its config kwargs.
+    """Call a registered credit function or token filter with the batch tensors it names plus its kwargs.
 
     Credit functions keep plain tensor signatures (``dlogp_weights(old_logp, alpha)``); this is the one
-    place that maps a rollout batch onto them. Returns Tensor[B, T] (a per-rollout Tensor[B, 1] is
-    broadcast). Several credit functions compose by multiplying their outputs.
+    place that maps a rollout batch onto them. An argument with a default (``topk_logp=None``) is
+    optional: the function checks it when a setting needs it. Returns Tensor[B, T] (a per-rollout
+    Tensor[B, 1] is broadcast). Several credit functions compose by multiplying their outputs; token
+    filters (kind ``"token_filter"``, 0/1 outputs) multiply the loss mask instead.
     """
-    needed = credit_inputs_of(fn)
-    missing = [n for n in needed if getattr(batch, n) is None]
+    missing = [n for n in required_inputs_of(fn) if getattr(batch, n) is None]
     if missing:
         raise ValueError(f"credit function {fn.__name__} needs {missing}, which this engine did not provide")
-    w = fn(**{n: getattr(batch, n) for n in needed}, **kwargs)
+    w = fn(**{n: getattr(batch, n) for n in credit_inputs_of(fn)}, **kwargs)
     return w.expand_as(batch.old_logp)
 
 

@@ -66,11 +66,14 @@ def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> T
 
 @dataclass
 class ForwardOut:
-    """Per response token: logp Tensor[B, T]; entropy Tensor[B, T] | None; hidden Tensor[B, T, d] | None."""
+    """Per response token: logp Tensor[B, T]; entropy Tensor[B, T] | None; hidden Tensor[B, T, d] | None;
+    topk_logp / topk_ids Tensor[B, T, K] | None (the K most probable next tokens)."""
 
     logp: Tensor
     entropy: Tensor | None = None
     hidden: Tensor | None = None
+    topk_logp: Tensor | None = None
+    topk_ids: Tensor | None = None
 
 
 def response_logprobs(model, batch: TokenBatch) -> "torch.Tensor":
@@ -86,8 +89,10 @@ def response_logprobs(model, batch: TokenBatch) -> "torch.Tensor":
     return torch.log_softmax(model.lm_head(hidden[:, -batch.response_len - 1 : -1]).float(), dim=-1)
 
 
-def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, with_hidden: bool = False) -> ForwardOut:
-    """One forward of ``model`` over ``batch``; log-probs (and optionally entropy, h_t) of the response.
+def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, with_hidden: bool = False,
+                     topk: int = 0) -> ForwardOut:
+    """One forward of ``model`` over ``batch``; log-probs (and optionally entropy, h_t, top-``topk``
+    log-probs and ids, K = min(topk, V)) of the response.
 
     Position ids restart at 0 on each row's first real token (left padding), as in the sampler.
     The logits at position P - 1 + t predict response token t.
@@ -106,4 +111,6 @@ def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, wi
     entropy = None
     if with_entropy:
         entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return ForwardOut(logp=logp, entropy=entropy, hidden=hidden if with_hidden else None)
+    top = torch.topk(logprobs, min(topk, logprobs.shape[-1]), dim=-1) if topk > 0 else None
+    return ForwardOut(logp=logp, entropy=entropy, hidden=hidden if with_hidden else None,
+                      topk_logp=None if top is None else top.values, topk_ids=None if top is None else top.indices)

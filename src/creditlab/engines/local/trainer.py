@@ -8,6 +8,7 @@ One RL step:
   3. advantages (registered function, e.g. GRPO);
   4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t;
   5. credit functions (registered; they may use p, h_t, entropy) multiply the advantage per token;
+     token filters (registered) restrict which tokens enter the loss (and its token-mean normaliser);
   6. PPO epochs over mini-batches with the registered policy loss; AdamW, schedule, grad clip;
   7. log metrics; every ``checkpoint_every`` steps save model + optimizer + scheduler + RNG state.
 
@@ -110,8 +111,13 @@ class Trainer:
         self.advantage_fn = registry.get("advantage", self.mcfg["advantage"])
         self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
         self.batching_fn = registry.get("batching", t["batching"])
-        self.credit_fns = [(registry.get("credit", c["name"]), {k: v for k, v in c.items() if k != "name"})
-                           for c in self.mcfg.get("credit") or []]
+        self.credit_fns = _lookup("credit", self.mcfg.get("credit"))
+        self.token_filters = _lookup("token_filter", self.mcfg.get("token_filter"))
+        # credit/filter settings that name `topk` get the top-K next-token distributions of the old forward
+        self.topk = max([int(kw.get("topk") or 0) for _, kw in self.credit_fns + self.token_filters] + [0])
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        # mean credit weight per token id over every valid generated token (DelTA's token clouds)
+        self.token_credit = torch.zeros(2, vocab, dtype=torch.float64)  # [sum of weights; count]
         self.step = 0
         self._t_reward = 0.0
         self.history: list[dict[str, float]] = []
@@ -130,6 +136,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "history": self.history,
+            "token_credit": self.token_credit,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
         tmp = self._ckpt_path.with_suffix(".tmp")
@@ -145,6 +152,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.history = state["step"], state["history"]
+        self.token_credit = state.get("token_credit", self.token_credit)
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
@@ -227,19 +235,28 @@ class Trainer:
         adv = self.advantage_fn(rewards, group_ids, **(m.get("advantage_kwargs") or {}))
 
         t1 = time.perf_counter()
-        need_hidden = any("hidden" in credit_inputs_of(fn) for fn, _ in self.credit_fns)
+        fns = self.credit_fns + self.token_filters
+        need_hidden = any("hidden" in credit_inputs_of(fn) for fn, _ in fns)
         with torch.no_grad(), _autocast(self.device):
-            old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden)
+            old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden, topk=self.topk)
         mask = batch.response_mask.to(self.device)
         t_fwd = time.perf_counter() - t1
 
+        t_c = time.perf_counter()
         inputs = CreditInputs(responses=batch.responses.to(self.device), mask=mask, old_logp=old.logp,
                               advantages=adv.to(self.device), group_ids=group_ids.to(self.device),
-                              hidden=old.hidden, entropy=old.entropy)
+                              hidden=old.hidden, entropy=old.entropy, topk_logp=old.topk_logp,
+                              topk_ids=old.topk_ids, lm_head=self.model.get_output_embeddings().weight.detach(),
+                              rng=torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 20_000)))
         weights = torch.ones_like(old.logp)
         for fn, kwargs in self.credit_fns:
             weights = weights * apply_credit(fn, inputs, kwargs)
         adv_tok = (adv.to(self.device)[:, None] * weights).detach()
+        loss_mask = mask
+        for fn, kwargs in self.token_filters:
+            loss_mask = loss_mask * apply_credit(fn, inputs, kwargs)
+        t_credit = time.perf_counter() - t_c
+        self._accumulate_token_credit(batch.responses, mask, weights)
 
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
@@ -250,7 +267,7 @@ class Trainer:
                 T = mb.response_len
                 with _autocast(self.device):
                     new = response_forward(self.model, mb)
-                loss, st = self.loss_fn(new.logp, old.logp[idx, :T], adv_tok[idx, :T], mask[idx, :T],
+                loss, st = self.loss_fn(new.logp, old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T],
                                         **(m.get("loss_kwargs") or {}))
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -266,10 +283,27 @@ class Trainer:
             entropy_mean=old.entropy[tok_mask].mean().item(),
             adv_abs_mean=adv.abs().mean().item(),
             credit_weight_mean=weights[tok_mask].mean().item(),
+            credit_weight_std=weights[tok_mask].std().item() if tok_mask.sum() > 1 else 0.0,
+            loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
             lr=self.sched.get_last_lr()[0],
-            t_gen=t_gen, t_reward=self._t_reward, t_old_forward=t_fwd, t_update=t_update, t_step=time.perf_counter() - t0,
+            t_gen=t_gen, t_reward=self._t_reward, t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
+            t_step=time.perf_counter() - t0,
         )
         return metrics
+
+    def _accumulate_token_credit(self, responses: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> None:
+        valid = mask.bool().cpu()
+        ids = responses[valid].cpu()
+        self.token_credit[0].index_add_(0, ids, weights.detach().cpu()[valid].double())
+        self.token_credit[1].index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
+
+    def token_credit_table(self, decode: Callable[[int], str]) -> dict[str, Any]:
+        """Mean credit weight per generated token (token_credit.json): DelTA's token clouds (Figure 4)."""
+        sums, counts = self.token_credit
+        rows = [{"token": decode(i), "id": i, "count": int(counts[i]), "mean": float(sums[i] / counts[i])}
+                for i in torch.nonzero(counts > 0).flatten().tolist()]
+        rows.sort(key=lambda r: -r["mean"])
+        return {"tokens": rows, "n_tokens": int(counts.sum()), "steps": self.step, "weight": "credit"}
 
     # ----------------------------------------------------------------------------- loop
     def fit(self) -> list[dict[str, float]]:
@@ -287,6 +321,11 @@ class Trainer:
                 self.save_checkpoint()
         bar.close()
         return self.history
+
+
+def _lookup(kind: str, entries: list[dict] | None) -> list[tuple[Callable, dict]]:
+    """Method config entries ``[{name, **kwargs}]`` -> [(registered function, kwargs)]."""
+    return [(registry.get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in entries or []]
 
 
 def _informative_frac(rewards: list[float], G: int) -> float:
