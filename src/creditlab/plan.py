@@ -169,13 +169,15 @@ def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
 
 
 def check_registered(cfg: dict[str, Any], where: str) -> None:
-    """Every name a run config selects must be registered (advantage, loss, credit, batching, reward)."""
+    """Every name a run config selects must be registered (advantage, loss, credit, token filter,
+    batching, reward)."""
     from creditlab.algos import registry
     from creditlab.rewards import math_verify_reward  # noqa: F401  (registers the reward functions)
 
     m, t = cfg["method"], cfg["trainer"]
     wanted = [("advantage", m["advantage"]), ("policy_loss", m["policy_loss"]), ("batching", t["batching"]),
-              ("reward", t["reward"])] + [("credit", c["name"]) for c in m.get("credit") or []]
+              ("reward", t["reward"])] + [("credit", c["name"]) for c in m.get("credit") or []] \
+        + [("token_filter", f["name"]) for f in m.get("token_filter") or []]
     for kind, name in wanted:
         if name not in registry.names(kind):
             raise PlanError(f"{where}: unknown {kind} {name!r}; valid choices: {registry.names(kind)}")
