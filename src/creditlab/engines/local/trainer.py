@@ -212,7 +212,6 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
-        t, m = self.tcfg, self.mcfg
         t0, self._t_reward = time.perf_counter(), 0.0
         ro, info = self.collect(step)
         t_gen = time.perf_counter() - t0 - self._t_reward
@@ -228,7 +227,14 @@ class Trainer:
         )
         if not ro.responses:  # dynamic sampling found nothing informative: no update this step
             return metrics | {"t_step": time.perf_counter() - t0, "skipped": 1.0}
+        metrics.update(self.learn(step, ro))
+        metrics.update(t_gen=t_gen, t_reward=self._t_reward, t_step=time.perf_counter() - t0)
+        return metrics
 
+    def learn(self, step: int, ro: Rollouts) -> dict[str, float]:
+        """Steps 3-6 on a scored rollout batch: advantages, the old forward, credit, the PPO update."""
+        t, m = self.tcfg, self.mcfg
+        metrics: dict[str, float] = {}
         batch = pack(ro.prompts, ro.responses, self.tok.pad_token_id)
         rewards = torch.tensor(ro.rewards, dtype=torch.float32)
         group_ids = torch.tensor(ro.group_ids, dtype=torch.long)
@@ -286,8 +292,7 @@ class Trainer:
             credit_weight_std=weights[tok_mask].std().item() if tok_mask.sum() > 1 else 0.0,
             loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
             lr=self.sched.get_last_lr()[0],
-            t_gen=t_gen, t_reward=self._t_reward, t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
-            t_step=time.perf_counter() - t0,
+            t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
         )
         return metrics
 
