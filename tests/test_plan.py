@@ -40,7 +40,7 @@ def test_seeds_multiply_runs():
 
 
 def test_unknown_paper_lists_choices():
-    with pytest.raises(PlanError, match=r"unknown paper 'nope'.*valid choices: \['dlogp'"):
+    with pytest.raises(PlanError, match=r"unknown paper 'nope'.*valid choices: \[.*'dlogp'"):
         build_plan(PIPE | {"papers": ["nope"]})
 
 
@@ -80,3 +80,46 @@ def test_snakemake_rejects_bad_pipeline_config_before_any_job(override, needle, 
     assert proc.returncode != 0
     assert needle in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()  # nothing ran
+
+
+NULL_PAPER = {  # a benchmark without a tiny stand-in (null), a step_time-only table at tiny, a token_credit figure
+    "paper": "nulls",
+    "backbones": {"Small": {"tiny": "tiny-s", "paper": "small"}, "Large": {"tiny": "tiny-m", "paper": "large"}},
+    "benchmarks": {"A": {"tiny": "medium", "paper": "bench-a"}, "B": {"tiny": "hard", "paper": "bench-b"},
+                   "N": {"tiny": None, "paper": "bench-n"}},
+    "runs": {"dapo": {"method": "dapo"}, "other": {"method": "dapo", "overrides": ["trainer.mini_batches=2"]},
+             "lonely": {"method": "dapo", "overrides": ["trainer.mini_batches=4"]}},
+    "tables": {
+        "main": {"columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"},
+                             {"name": "N", "benchmark": "N", "metric": "avg@k"},
+                             {"name": "Avg", "benchmarks": ["A", "B", "N"], "metric": "avg@k"}],
+                 "rows": [{"label": "Base", "backbone": "Small", "run": "base"},
+                          {"label": "DAPO", "backbone": "Small", "run": "dapo"}]},
+        "cost": {"columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"},
+                             {"name": "Step time (s)", "metric": "step_time"}],
+                 "rows": [{"label": "DAPO", "backbone": "Large", "run": "dapo"}]},
+        "code": {"columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"}],
+                 "rows": [{"label": "Other", "backbone": "Large", "run": "other"}]},
+    },
+    "figures": {"clouds": {"kind": "token_credit", "backbone": "Large", "run": "lonely"},
+                "code_bars": {"kind": "bars", "table": "code", "y": "Code"}},
+}
+
+
+def test_plan_skips_benchmarks_without_a_stand_in(tmp_path):
+    cfg_dir = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, cfg_dir)
+    (cfg_dir / "papers" / "nulls.yaml").write_text(yaml.safe_dump(NULL_PAPER, sort_keys=False))
+    plan = build_plan({"scale": "tiny", "papers": ["nulls"], "seeds": [0, 1], "results": "r"}, cfg_dir, validate=False)
+    assert plan.tables == [("nulls", "main"), ("nulls", "cost")] and plan.skipped_tables == [("nulls", "code")]
+    assert plan.table_suites("nulls", "main") == ["medium", "hard"]  # N has no tiny suite: never asked for
+    assert len(plan.table_evals("nulls", "main")) == 4
+    assert plan.table_evals("nulls", "cost") == [] and plan.table_suites("nulls", "cost") == []
+    assert [r.key for r in plan.table_runs("nulls", "cost")] == ["tiny/tiny-m/dapo/s0", "tiny/tiny-m/dapo/s1"]
+    assert "tiny/tiny-m/other/s0" not in plan.runs  # only the skipped table has it
+    assert plan.figures == [("nulls", "clouds")]  # the code table's bars cannot be drawn at tiny
+    lonely = plan.get("tiny-m", "lonely", 0)  # a figure's run is planned (first seed) even without a row
+    assert lonely.tables == [] and lonely.papers == ["nulls"] and "tiny/tiny-m/lonely/s1" not in plan.runs
+    at_paper = build_plan({"scale": "paper", "papers": ["nulls"], "seeds": [0], "results": "r"}, cfg_dir,
+                          validate=False)
+    assert at_paper.skipped_tables == [] and at_paper.table_suites("nulls", "main") == ["bench-a", "bench-n", "bench-b"]

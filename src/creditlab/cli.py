@@ -254,7 +254,8 @@ def cmd_table(a: argparse.Namespace) -> None:
     table = spec.table(a.table)
     k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
     fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=a.table)
-    df = build_table(spec, a.table, plan.scale, plan.seeds, Path(a.results) / plan.scale / "evals", k)
+    df = build_table(spec, a.table, plan.scale, plan.seeds, Path(a.results) / plan.scale / "evals", k,
+                     runs_dir=Path(a.results) / plan.scale / "runs")
     write_table(df, table, spec, paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill))
     series = {}
     for row in table.rows:
@@ -297,19 +298,52 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
 
 
 def cmd_figure(a: argparse.Namespace) -> None:
-    """Draw one table-based paper figure (configs/papers/<paper>.yaml `figures`)."""
-    import pandas as pd
-
-    from creditlab.tables.figures import plot_replacement_curves
-
+    """Draw one paper figure (configs/papers/<paper>.yaml `figures`): replacement_curves and bars from a
+    table's CSV; token_credit from a run's token_credit.json (PNG + Markdown/CSV table)."""
     plan = build_plan(_pipeline(a), validate=False)
     spec = plan.papers[a.paper]
+    if a.name not in spec.figures:
+        raise SystemExit(f"paper {a.paper!r} has no figure {a.name!r}; choices: {sorted(spec.figures)}")
     fig = spec.figures[a.name]
-    if fig.kind != "replacement_curves":
+    if fig.kind == "token_histograms":
         raise SystemExit(f"figure {a.name!r} ({fig.kind}) is drawn by `diagnose`, not `figure`")
+    if a.name not in spec.figures_at(plan.scale):
+        raise SystemExit(f"figure {a.name!r} cannot be drawn at scale {plan.scale!r}: its table or column has "
+                         f"no benchmark with a stand-in there; drawable: {spec.figures_at(plan.scale)}")
     fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=fig.table, figure=a.name)
+    png = paths.fmt(paths.FIGURE_PNG, **fill)
+    if fig.kind == "token_credit":
+        _token_credit_figure(a, plan, spec, fig, png, fill)
+        return
+    import pandas as pd
+
+    from creditlab.tables.figures import plot_bars, plot_replacement_curves
+
     df = pd.read_csv(paths.fmt(paths.TABLE_CSV, **fill))
-    plot_replacement_curves(df, spec, fig, paths.fmt(paths.FIGURE_PNG, **fill))
+    plot = {"replacement_curves": plot_replacement_curves, "bars": plot_bars}[fig.kind]
+    plot(df, spec, fig, png)
+
+
+def _token_credit_figure(a: argparse.Namespace, plan, spec, fig, png: Path, fill: dict[str, Any]) -> None:
+    """DelTA's token clouds: top / bottom tokens by mean credit weight of the first seed's run."""
+    from creditlab.tables.figures import plot_token_credit
+    from creditlab.tables.token_credit import load_token_credit, overall_mean, rank_tokens, write_token_credit
+
+    run = plan.get(spec.backbone_for(fig.backbone, plan.scale), fig.run, plan.seeds[0])
+    rfill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
+    data = load_token_credit(paths.fmt(paths.RUN_TOKEN_CREDIT, **rfill))
+    done_path = paths.fmt(paths.RUN_DONE, **rfill)
+    done = json.loads(done_path.read_text()) if done_path.is_file() else {}
+    ranking = rank_tokens(data, fig.top, fig.min_count)
+    reference = overall_mean(data)
+    title = (f"{spec.title.split(':')[0]}: {fig.name} — {run.key}"
+             + ("" if run.scale == "paper" else f" (scale {run.scale}: not the paper's tokens)"))
+    plot_token_credit(ranking, png, title, weight=data["weight"], reference=reference)
+    meta = {"paper_title": spec.title, "figure": fig.name, "caption": fig.caption, "scale": run.scale,
+            "paper_backbone": fig.backbone, "backbone": run.backbone, "run": run.run, "seed": run.seed,
+            "top": fig.top, "min_count": fig.min_count, "run_key": run.key,
+            "mlflow_run_id": done.get("mlflow_run_id") or "", "commit": done.get("commit") or ""}
+    write_token_credit(ranking, data, meta, paths.fmt(paths.FIGURE_MD, **fill), paths.fmt(paths.FIGURE_CSV, **fill))
 
 
 def cmd_plan(a: argparse.Namespace) -> None:

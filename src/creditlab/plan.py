@@ -62,7 +62,18 @@ class Plan:
 
     @property
     def tables(self) -> list[tuple[str, str]]:
-        return [(p, t) for p, spec in self.papers.items() for t in spec.tables]
+        """(paper, table) of every table buildable at this scale (see `skipped_tables`)."""
+        return [(p, t) for p, spec in self.papers.items() for t in spec.tables_at(self.scale)]
+
+    @property
+    def skipped_tables(self) -> list[tuple[str, str]]:
+        """Tables with no column at this scale: none of their benchmarks has a stand-in here."""
+        return [(p, t) for p, spec in self.papers.items() for t in spec.tables if (p, t) not in self.tables]
+
+    @property
+    def figures(self) -> list[tuple[str, str]]:
+        """(paper, figure) of every figure drawable at this scale (its table and columns are shown)."""
+        return [(p, f) for p, spec in self.papers.items() for f in spec.figures_at(self.scale)]
 
     @property
     def experiments(self) -> list[str]:
@@ -75,16 +86,29 @@ class Plan:
         return self.runs[key]
 
     def table_runs(self, paper: str, table: str) -> list[Run]:
-        return [run for run, _ in self.table_evals(paper, table)]
+        """The run of every row of a table, all seeds (a run of several rows repeats)."""
+        spec = self.papers[paper]
+        return [self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed)
+                for row in spec.table(table).rows for seed in self.seeds]
 
     def table_evals(self, paper: str, table: str) -> list[tuple[Run, str | None]]:
-        """(run, decoding or None) of every cell source of a table, all seeds."""
+        """(run, decoding or None) of every evaluation a table reads, all seeds.
+
+        Empty when no column of the table at this scale reads an evaluation (only step_time columns
+        and benchmarks without a stand-in here).
+        """
         spec = self.papers[paper]
-        out = []
-        for row in spec.table(table).rows:
-            for seed in self.seeds:
-                out.append((self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode))
-        return out
+        if not spec.needs_evals(table, self.scale):
+            return []
+        return [(self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode)
+                for row in spec.table(table).rows for seed in self.seeds]
+
+    def table_suites(self, paper: str, table: str) -> list[str]:
+        """The evaluation suites a table reads at this scale (benchmarks without a stand-in skipped)."""
+        spec = self.papers[paper]
+        return list(dict.fromkeys(spec.suite_for(bench, self.scale)
+                                  for col in spec.columns_at(table, self.scale)
+                                  for bench, _ in spec.leaves_at(table, col, self.scale)[0]))
 
     def decode(self, name: str) -> DecodeSpec:
         if name not in self.decodes:
@@ -105,26 +129,33 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
     runs: dict[str, Run] = {}
+
+    def add(pname: str, spec: PaperSpec, paper_backbone: str, name: str, seed: int, table: str | None) -> None:
+        backbone = spec.backbone_for(paper_backbone, scale)
+        if name == BASE_RUN:
+            method, overrides = BASE_RUN, ()
+        else:
+            method, overrides = spec.runs[name].method, tuple(spec.runs[name].overrides)
+        run = Run(scale, backbone, name, seed, method, overrides, spec.experiment)
+        prev = runs.setdefault(run.key, run)
+        if (prev.method, prev.overrides) != (method, overrides):
+            raise PlanError(
+                f"run name {name!r} means two different runs: {prev.method} {list(prev.overrides)} "
+                f"(papers {prev.papers}) vs {method} {list(overrides)} (paper {pname!r}); rename one")
+        if pname not in prev.papers:
+            prev.papers.append(pname)
+        if table is not None and f"{pname}/{table}" not in prev.tables:
+            prev.tables.append(f"{pname}/{table}")
+
     for pname, spec in papers.items():
-        for tname, table in spec.tables.items():
-            for row in table.rows:
-                backbone = spec.backbone_for(row.backbone, scale)
-                if row.run == BASE_RUN:
-                    method, overrides = BASE_RUN, ()
-                else:
-                    rs = spec.runs[row.run]
-                    method, overrides = rs.method, tuple(rs.overrides)
+        for tname in spec.tables_at(scale):  # a table with no column at this scale plans no run
+            for row in spec.tables[tname].rows:
                 for seed in seeds:
-                    run = Run(scale, backbone, row.run, seed, method, overrides, spec.experiment)
-                    prev = runs.setdefault(run.key, run)
-                    if (prev.method, prev.overrides) != (method, overrides):
-                        raise PlanError(
-                            f"run name {row.run!r} means two different runs: {prev.method} {list(prev.overrides)} "
-                            f"(papers {prev.papers}) vs {method} {list(overrides)} (paper {pname!r}); rename one")
-                    if pname not in prev.papers:
-                        prev.papers.append(pname)
-                    if f"{pname}/{tname}" not in prev.tables:
-                        prev.tables.append(f"{pname}/{tname}")
+                    add(pname, spec, row.backbone, row.run, seed, tname)
+        for fname in spec.figures_at(scale):  # a run-based figure draws the first seed's run
+            fig = spec.figures[fname]
+            if fig.run is not None:
+                add(pname, spec, fig.backbone, fig.run, seeds[0], None)
     decodes: dict[str, DecodeSpec] = {}
     for pname, spec in papers.items():
         for name, dec in spec.decodes.items():

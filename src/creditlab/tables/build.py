@@ -12,6 +12,14 @@ per-question data, never from summary numbers or averaged CIs:
   suite independently.
 
 Values are fractions in the files and percentages in the tables, as in the papers.
+
+A `step_time` column is a training cost, read from `{runs_dir}/{backbone}/{run}/s{seed}/metrics.jsonl`
+(`t_step` of every step, seconds): the mean over the steps of all seeds pooled, with a percentile
+bootstrap over steps; with `relative_to: <run>` the cell is the % difference vs that run on the same
+backbone (CI from the ratio of independent bootstrap means). A base-model row has no training: empty.
+
+A benchmark without a stand-in at the table's scale (mapped to null) is left out: a column on it
+alone is omitted, a column over several benchmarks averages the mapped ones, and the Markdown says so.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +37,22 @@ import pandas as pd
 
 from creditlab import paths
 from creditlab.eval.metrics import bootstrap_average, bootstrap_ci, pass_at_k_per_question
-from creditlab.tables.spec import PaperSpec, Row, TableSpec, resolve_metric
+from creditlab.tables.spec import BASE_RUN, Column, PaperSpec, Row, TableSpec, resolve_metric
 
 N_BOOT = 2000
 ALPHA = 0.05
 BOOT_SEED = 0
 
 LONG_COLUMNS = (
-    "row", "paper_backbone", "backbone", "run", "column", "suites", "metric",
-    "ours_mean", "ours_lo", "ours_hi", "n_questions", "seeds", "paper", "scale",
-    "mlflow_run_ids", "run_keys", "commits", "configs",
+    "row", "paper_backbone", "backbone", "run", "column", "suites", "metric", "unit",
+    "ours_mean", "ours_lo", "ours_hi", "n_questions", "n_steps", "seeds", "paper", "scale",
+    "left_out", "detail", "mlflow_run_ids", "run_keys", "commits", "configs", "sources",
 )
-"""Columns of the long table frame (one line per row x column), in CSV order."""
+"""Columns of the long table frame (one line per row x shown column), in CSV order.
+
+unit: "%" (accuracy), "s" (step_time) or "% vs <run>" (step_time relative_to <run>); n_questions /
+n_steps: what the CI resamples; left_out: the column's paper benchmarks without a stand-in at this
+scale (";"-joined); detail: for relative cells both mean step times; sources: the files read."""
 
 _SEP = ";"  # joins several values (one per seed or suite) in one CSV field
 
@@ -63,6 +76,88 @@ def load_eval(evals_dir: Path, backbone: str, run: str, seed: int, decode: str |
         data = json.load(fh)
     data["_path"] = str(path)
     return data
+
+
+def run_metrics_path(runs_dir: Path, backbone: str, run: str, seed: int) -> Path:
+    """Where the training of `run` on `backbone` with `seed` writes metrics.jsonl (paths.RUN_METRICS)."""
+    return paths.fmt(paths.RUN_METRICS.replace("{results}/{scale}/runs", str(runs_dir)), backbone=backbone,
+                     run=run, seed=seed)
+
+
+def read_step_times(path: Path) -> np.ndarray:
+    """The `t_step` (seconds) of every step of a training metrics.jsonl, in step order.
+
+    A step logged twice (resumed run) keeps its last record; a line cut by a killed job is skipped
+    with a warning. FileNotFoundError / ValueError naming the path when there is nothing to read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training metrics: {path} is missing")
+    by_step: dict[int, float] = {}
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                warnings.warn(f"{path}:{lineno}: not valid JSON, line skipped", stacklevel=2)
+                continue
+            value = rec.get("t_step")
+            if "step" in rec and isinstance(value, (int, float)) and math.isfinite(value):
+                by_step[int(rec["step"])] = float(value)
+    if not by_step:
+        raise ValueError(f"{path}: no step with a finite 't_step' (the RL step wall time)")
+    return np.array([by_step[s] for s in sorted(by_step)], dtype=float)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The step wall times of one run on one backbone, all seeds pooled, with their provenance."""
+
+    values: np.ndarray
+    provenance: dict[str, str]
+
+    @property
+    def mean(self) -> float:
+        return float(self.values.mean())
+
+
+def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int]) -> StepTimes:
+    """Pool the `t_step` values of `seeds`; provenance from each run dir's DONE (MLflow run id, run
+    key, commit) and config.yaml, and the metrics.jsonl paths as sources."""
+    values, provs = [], []
+    for seed in seeds:
+        path = run_metrics_path(Path(runs_dir), backbone, run, seed)
+        values.append(read_step_times(path))
+        done, config = path.parent / "DONE", path.parent / "config.yaml"
+        prov: dict[str, Any] = {}
+        if done.is_file():
+            try:
+                prov = json.loads(done.read_text())
+            except json.JSONDecodeError:
+                warnings.warn(f"{done}: not valid JSON; step-time provenance left empty", stacklevel=2)
+        provs.append({"provenance": {"mlflow_run_id": prov.get("mlflow_run_id"), "run_key": prov.get("run_key"),
+                                     "commit": prov.get("commit"),
+                                     "config": str(config) if config.is_file() else None},
+                      "_path": str(path)})
+    return StepTimes(np.concatenate(values), _provenance(provs))
+
+
+def _boot_means(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """N_BOOT means of resamples (with replacement) of x."""
+    return x[rng.integers(0, len(x), size=(N_BOOT, len(x)))].mean(axis=1)
+
+
+def step_time_stats(row: StepTimes, ref: StepTimes | None = None) -> tuple[float, float, float]:
+    """(mean, lo, hi): seconds per step with a bootstrap CI over steps; with `ref`, the % difference
+    100 (mean / mean_ref - 1) with the CI of that ratio over independent bootstraps of both runs."""
+    if ref is None:
+        return bootstrap_ci(row.values, n_boot=N_BOOT, alpha=ALPHA, seed=BOOT_SEED)
+    rng = np.random.default_rng(BOOT_SEED)
+    ratio = _boot_means(row.values, rng) / _boot_means(ref.values, rng)
+    lo, hi = np.quantile(100.0 * (ratio - 1.0), [ALPHA / 2, 1 - ALPHA / 2])
+    return 100.0 * (row.mean / ref.mean - 1.0), float(lo), float(hi)
 
 
 def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:
@@ -147,7 +242,8 @@ def _provenance(results: Sequence[dict[str, Any]]) -> dict[str, str]:
         return _SEP.join("" if p.get(key) is None else str(p[key]) for p in provs)
 
     return {"mlflow_run_ids": joined("mlflow_run_id"), "run_keys": joined("run_key"),
-            "commits": joined("commit"), "configs": joined("config")}
+            "commits": joined("commit"), "configs": joined("config"),
+            "sources": _SEP.join(str(r.get("_path", "")) for r in results)}
 
 
 def _unique(items: Sequence[str]) -> list[str]:
@@ -155,53 +251,99 @@ def _unique(items: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _row_lines(paper: PaperSpec, table: TableSpec, row: Row, scale: str, seeds: list[int],
-               results: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
-    """The long-frame lines of one table row, one per column."""
-    backbone = paper.backbone_for(row.backbone, scale)
-    lines = []
-    for column in table.columns:
-        leaves = table.leaves(column)
-        suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
-        metrics = [resolve_metric(metric, k) for _, metric in leaves]
-        if row.decode is None and "replacement_rate" in metrics:  # plain decoding replaces nothing: n/a
-            per_suite, (mean, lo, hi) = [], (float("nan"),) * 3
-        else:
-            per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
-            mean, lo, hi = _cell_stats(per_suite, column.weighting)
-        n_questions = {s: len(v) for s, v in zip(suites, per_suite)}
-        lines.append({
-            "row": row.label, "paper_backbone": row.backbone, "backbone": backbone,
-            "run": row.run, "column": column.name, "suites": _SEP.join(_unique(suites)),
-            "metric": _SEP.join(_unique(metrics)), "ours_mean": mean, "ours_lo": lo, "ours_hi": hi,
-            "n_questions": sum(n_questions.values()), "seeds": _SEP.join(map(str, seeds)),
-            "paper": row.paper.get(column.name, float("nan")), "scale": scale,
-            **_provenance(results),
-        })
-    return lines
+def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int], **cells: Any
+          ) -> dict[str, Any]:
+    """One long-frame line; `cells` fill the computed fields (the others are empty)."""
+    blank = {"suites": "", "metric": column.metric or "", "unit": "%", "ours_mean": float("nan"),
+             "ours_lo": float("nan"), "ours_hi": float("nan"), "n_questions": 0, "n_steps": 0,
+             "left_out": "", "detail": "", "mlflow_run_ids": "", "run_keys": "", "commits": "",
+             "configs": "", "sources": ""}
+    return {"row": row.label, "paper_backbone": row.backbone, "backbone": backbone, "run": row.run,
+            "column": column.name, "seeds": _SEP.join(map(str, seeds)),
+            "paper": row.paper.get(column.name, float("nan")), "scale": scale, **blank, **cells}
+
+
+def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, scale: str,
+               seeds: Sequence[int], results: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    """The line of an accuracy cell: the column's mapped (suite, metric) pairs from the evaluations."""
+    leaves, left_out = paper.leaves_at(table.name, column, scale)
+    suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
+    metrics = [resolve_metric(metric, k) for _, metric in leaves]
+    if row.decode is None and "replacement_rate" in metrics:  # plain decoding replaces nothing: n/a
+        per_suite, (mean, lo, hi) = [], (float("nan"),) * 3
+    else:
+        per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+        mean, lo, hi = _cell_stats(per_suite, column.weighting)
+    return _line(row, paper.backbone_for(row.backbone, scale), column, scale, seeds,
+                 suites=_SEP.join(_unique(suites)), metric=_SEP.join(_unique(metrics)), ours_mean=mean,
+                 ours_lo=lo, ours_hi=hi, n_questions=sum(len(v) for v in per_suite),
+                 left_out=_SEP.join(left_out), **_provenance(results))
+
+
+def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
+                    times: StepTimes | None, ref: StepTimes | None) -> dict[str, Any]:
+    """The line of a step_time cell (empty for the base model, which is not trained)."""
+    unit = "s" if column.relative_to is None else f"% vs {column.relative_to}"
+    if times is None:
+        return _line(row, backbone, column, scale, seeds, unit=unit)
+    if column.relative_to is None:
+        mean, lo, hi = step_time_stats(times)
+        detail = ""
+    elif row.run == column.relative_to:
+        mean, lo, hi = 0.0, 0.0, 0.0
+        detail = f"reference: {times.mean:.3f} s"
+    else:
+        assert ref is not None
+        mean, lo, hi = step_time_stats(times, ref)
+        detail = f"{times.mean:.3f} s vs {ref.mean:.3f} s ({column.relative_to})"
+    return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
+                 n_steps=len(times.values), detail=detail, **times.provenance)
 
 
 def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], evals_dir: Path,
-                k: int) -> pd.DataFrame:
+                k: int, runs_dir: Path | None = None) -> pd.DataFrame:
     """Compute every cell of `paper`'s `table` at `scale` from the evaluations of `seeds`.
 
     `k` is the evaluation's k at that scale (it resolves the symbolic "avg@k" / "pass@k").
-    Returns the long frame with LONG_COLUMNS, rows and columns in the spec's order.
+    `runs_dir` holds the training runs (step_time columns; default: `evals_dir`'s sibling `runs`).
+    Returns the long frame with LONG_COLUMNS, rows and the columns shown at `scale` in the spec's
+    order (a column none of whose benchmarks has a stand-in at `scale` is omitted).
     """
     if not seeds:
         raise ValueError("build_table needs at least one seed")
     spec = paper.table(table)
+    columns = paper.columns_at(table, scale)
+    if not columns:
+        raise ValueError(
+            f"{paper.source}: table {table!r} has no column at scale {scale!r}: none of its benchmarks "
+            f"has a stand-in there; tables buildable at {scale!r}: {paper.tables_at(scale)}")
+    runs_dir = Path(evals_dir).parent / "runs" if runs_dir is None else Path(runs_dir)
     cache: dict[tuple[str, str, int, str | None], dict[str, Any]] = {}
+    times: dict[tuple[str, str], StepTimes] = {}
+
+    def step_times(backbone: str, run: str) -> StepTimes:
+        if (backbone, run) not in times:
+            times[(backbone, run)] = load_step_times(runs_dir, backbone, run, seeds)
+        return times[(backbone, run)]
+
     lines: list[dict[str, Any]] = []
     for row in spec.rows:
         backbone = paper.backbone_for(row.backbone, scale)
         results = []
-        for seed in seeds:
-            key = (backbone, row.run, seed, row.decode)
-            if key not in cache:
-                cache[key] = load_eval(Path(evals_dir), backbone, row.run, seed, row.decode)
-            results.append(cache[key])
-        lines.extend(_row_lines(paper, spec, row, scale, list(seeds), results, k))
+        if paper.needs_evals(table, scale):
+            for seed in seeds:
+                key = (backbone, row.run, seed, row.decode)
+                if key not in cache:
+                    cache[key] = load_eval(Path(evals_dir), backbone, row.run, seed, row.decode)
+                results.append(cache[key])
+        for column in columns:
+            if not column.is_training:
+                lines.append(_eval_line(paper, spec, row, column, scale, seeds, results, k))
+                continue
+            trained = row.run != BASE_RUN
+            ref = step_times(backbone, column.relative_to) if trained and column.relative_to else None
+            lines.append(_step_time_line(row, backbone, column, scale, seeds,
+                                         step_times(backbone, row.run) if trained else None, ref))
     return pd.DataFrame(lines, columns=list(LONG_COLUMNS))
 
 
@@ -209,10 +351,34 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
 # writing
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(value: float) -> str:
-    """A percentage with two decimals, or an em dash when missing."""
-    missing = value is None or (isinstance(value, float) and math.isnan(value))
-    return "—" if missing else f"{value:.2f}"
+    """A number with two decimals, or an em dash when missing."""
+    return "—" if _missing(value) else f"{value:.2f}"
+
+
+def _fmt_signed(value: float) -> str:
+    """A signed percentage difference with two decimals ("+2.10%"), or an em dash when missing."""
+    return "—" if _missing(value) else f"{value:+.2f}%"
+
+
+def _ours_cell(line: Any) -> str:
+    """Our cell in the wide table: mean [lo, hi] in the line's unit."""
+    unit = str(line.unit)
+    if line.metric == "step_time" and line.run == BASE_RUN:
+        return ""  # the base model is not trained: no step time
+    if unit.startswith("% vs"):
+        if isinstance(line.detail, str) and line.detail.startswith("reference"):
+            return f"{line.detail.replace('reference: ', 'reference (')})"
+        return f"{_fmt_signed(line.ours_mean)} [{_fmt_signed(line.ours_lo)}, {_fmt_signed(line.ours_hi)}]"
+    return f"{_fmt(line.ours_mean)} [{_fmt(line.ours_lo)}, {_fmt(line.ours_hi)}]"
+
+
+def _paper_cell(line: Any) -> str:
+    return _fmt_signed(line.paper) if str(line.unit).startswith("% vs") else _fmt(line.paper)
 
 
 def _md_table(header: list[str], lines: list[list[str]]) -> list[str]:
@@ -247,15 +413,51 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
                  df: pd.DataFrame) -> str:
     """One line describing how a column is computed at this scale."""
     column = spec.column(column_name)
+    if column.is_training:
+        what = (f"mean wall time per RL step (`t_step` of the run's training metrics.jsonl) in seconds, "
+                f"steps of all seeds pooled, 95% bootstrap CI over steps; base-model rows: empty (not trained)")
+        if column.relative_to is not None:
+            what = (f"% difference of the {what.split(' in seconds')[0]} vs run `{column.relative_to}` on "
+                    f"the same backbone, 100 (t / t_ref - 1); CI: percentiles of the ratio of bootstrap means "
+                    f"(steps of both runs resampled independently); the `{column.relative_to}` rows are the "
+                    f"reference; base-model rows: empty")
+        if scale != "paper":
+            what += f"; {scale}-scale CPU/GPU time of tiny models, not the paper's cluster cost"
+        return f"- **{column.name}**: {what}"
     sub = df[df["column"] == column_name]
     metric = _single(sub, "metric") if len(sub) else "?"
-    suites = ", ".join(f"`{paper.suite_for(b, scale)}`" for b, _ in spec.leaves(column))
+    leaves, left_out = paper.leaves_at(spec.name, column, scale)
+    suites = ", ".join(f"`{paper.suite_for(b, scale)}`" for b, _ in leaves)
+    missing = ""
+    if left_out:
+        n_all = len(_unique([b for b, _ in spec.leaves(column)]))
+        missing = (f"; **averages {n_all - len(left_out)} of the paper's {n_all} benchmarks**: left out "
+                   f"(no {scale} stand-in): {', '.join(left_out)}")
     if column.average_of is not None:
         how = f"{column.weighting} mean of the suite means of {', '.join(column.average_of)}"
-        return f"- **{column.name}**: {how} ({metric} on {suites})"
+        return f"- **{column.name}**: {how} ({metric} on {suites}){missing}"
     if column.benchmarks:
-        return f"- **{column.name}**: {metric}, {column.weighting} mean over {suites}"
+        return f"- **{column.name}**: {metric}, {column.weighting} mean over {suites}{missing}"
     return f"- **{column.name}**: {metric} on {suites} (paper: {column.benchmark})"
+
+
+def _omitted_lines(paper: PaperSpec, spec: TableSpec, scale: str) -> list[str]:
+    """The columns left out at this scale and the columns averaged over fewer benchmarks."""
+    omitted = paper.omitted_columns(spec.name, scale)
+    partial = [(c, paper.leaves_at(spec.name, c, scale)[1]) for c in paper.columns_at(spec.name, scale)]
+    partial = [(c, out) for c, out in partial if out]
+    if not omitted and not partial:
+        return []
+    lines = ["## Benchmarks without a stand-in at this scale", ""]
+    if omitted:
+        lines.append(f"Columns **omitted** (none of their benchmarks has a {scale} stand-in): " + ", ".join(
+            f"{c.name} ({', '.join(_unique([b for b, _ in spec.leaves(c)]))})" for c in omitted) + ".")
+    for col, out in partial:
+        n_all = len(_unique([b for b, _ in spec.leaves(col)]))
+        lines.append(f"- **{col.name}** averages only {n_all - len(out)} of its {n_all} benchmarks here "
+                     f"(left out: {', '.join(out)}); its *paper* number is the paper's {n_all}-benchmark "
+                     f"value: do not compare the two.")
+    return lines + [""]
 
 
 def _mapping_lines(paper: PaperSpec, spec: TableSpec, scale: str) -> list[str]:
@@ -264,31 +466,36 @@ def _mapping_lines(paper: PaperSpec, spec: TableSpec, scale: str) -> list[str]:
     benches = _unique([b for col in spec.columns for b, _ in spec.leaves(col)])
     lines = ["## Mappings at this scale", ""]
     lines += [f"- {b} -> {scale} backbone `{paper.backbone_for(b, scale)}`" for b in backbones]
-    lines += [f"- {b} -> {scale} suite `{paper.suite_for(b, scale)}`" for b in benches]
+    lines += [f"- {b} -> {scale} suite `{paper.suite_for(b, scale)}`" if paper.has_suite(b, scale)
+              else f"- {b} -> no {scale} stand-in (left out)" for b in benches]
     return lines
 
 
-def _wide_lines(df: pd.DataFrame, spec: TableSpec, scale: str) -> list[str]:
+def _wide_lines(df: pd.DataFrame, spec: TableSpec, scale: str, columns: list[Column]) -> list[str]:
     """The wide Markdown table: one line per row, ours [CI] and the paper's number per column."""
     ours = "ours" if scale == "paper" else f"ours ({scale})"
     header = ["Backbone (paper)", "Row"]
-    for col in spec.columns:
+    for col in columns:
         header += [f"{col.name} {ours}", f"{col.name} paper"]
     lines = []
     for row in spec.rows:
         sub = df[(df["row"] == row.label) & (df["paper_backbone"] == row.backbone)]
         cells = [row.backbone, row.label]
-        for col in spec.columns:
+        for col in columns:
             line = sub[sub["column"] == col.name].iloc[0]
-            cells += [f"{_fmt(line.ours_mean)} [{_fmt(line.ours_lo)}, {_fmt(line.ours_hi)}]",
-                      _fmt(line.paper)]
+            cells += [_ours_cell(line), _paper_cell(line)]
         lines.append(cells)
     return _md_table(header, lines)
 
 
+def _split(values: Any) -> list[str]:
+    """The non-empty items of ";"-joined fields (NaN from a CSV counts as empty)."""
+    return [v for field in values if not _missing(field) for v in str(field).split(_SEP) if v]
+
+
 def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
-    """Commit summary and, per row, the MLflow run ids, run keys and config paths."""
-    commits = _unique([c for field in df["commits"] for c in str(field).split(_SEP) if c])
+    """Commit summary and, per row, the MLflow run ids, run keys and config paths of its sources."""
+    commits = _unique(_split(df["commits"]))
     lines = ["## Provenance", ""]
     if len(commits) == 1:
         lines.append(f"Commit: `{commits[0]}`")
@@ -299,14 +506,24 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         lines.append("(`-dirty`: the code had uncommitted changes.)")
     lines.append("")
     for row in spec.rows:
-        line = df[(df["row"] == row.label) & (df["paper_backbone"] == row.backbone)].iloc[0]
-        runs = [r or "none (offline)" for r in str(line.mlflow_run_ids).split(_SEP)]
-        lines.append(
-            f"- {row.label} / {row.backbone} (`{line.backbone}`, run `{line.run}`, seeds "
-            f"{line.seeds.replace(_SEP, ', ')}): MLflow run ids {', '.join(runs)}; run keys "
-            f"{', '.join(f'`{r}`' for r in str(line.run_keys).split(_SEP))}; configs "
-            f"{', '.join(f'`{c}`' for c in str(line.configs).split(_SEP))}"
-        )
+        sub = df[(df["row"] == row.label) & (df["paper_backbone"] == row.backbone)]
+        first = sub.iloc[0]
+        read = sub[[not _missing(s) and bool(str(s)) for s in sub["sources"]]]
+        if read.empty:
+            lines.append(f"- {row.label} / {row.backbone} (`{first.backbone}`, run `{first.run}`): no source read")
+            continue
+        ids: list[str] = []
+        for field in read["mlflow_run_ids"]:  # one id per seed, "" = offline
+            ids += [""] if _missing(field) else str(field).split(_SEP)
+        ids = _unique([i or "none (offline)" for i in ids])
+        steps = _unique([s for s in _split(read[read["metric"] == "step_time"]["sources"])])
+        line = (f"- {row.label} / {row.backbone} (`{first.backbone}`, run `{first.run}`, seeds "
+                f"{str(first.seeds).replace(_SEP, ', ')}): MLflow run ids {', '.join(ids)}; run keys "
+                f"{', '.join(f'`{r}`' for r in _unique(_split(read['run_keys'])))}; configs "
+                f"{', '.join(f'`{c}`' for c in _unique(_split(read['configs'])))}")
+        if steps:
+            line += f"; step times from {', '.join(f'`{s}`' for s in steps)}"
+        lines.append(line)
     return lines
 
 
@@ -314,15 +531,22 @@ def table_markdown(df: pd.DataFrame, table: TableSpec, paper: PaperSpec) -> str:
     """The readable Markdown page of a built table (see write_table)."""
     scale = _single(df, "scale")
     seeds = _single(df, "seeds").replace(_SEP, ", ")
+    shown = set(df["column"])
+    columns = [c for c in table.columns if c.name in shown]
     lines = [f"# {paper.title}: table `{table.name}`", "", _comparability_note(scale), ""]
     if table.caption:
         lines += [f"Paper caption: {table.caption}", ""]
-    lines += [f"Our cells: mean in percent [95% percentile bootstrap CI over questions, {N_BOOT} "
-              f"resamples; suites resampled independently], seeds {seeds} averaged per question. "
-              f"Paper cells: the paper's reported number at paper scale (— = not reported).", ""]
+    if any(not c.is_training for c in columns):
+        lines += [f"Our accuracy cells: mean in percent [95% percentile bootstrap CI over questions, {N_BOOT} "
+                  f"resamples; suites resampled independently], seeds {seeds} averaged per question."]
+    if any(c.is_training for c in columns):
+        lines += [f"Our step-time cells: seconds per RL step [95% percentile bootstrap CI over steps, "
+                  f"{N_BOOT} resamples], steps of seeds {seeds} pooled; relative cells in % (see Columns)."]
+    lines += ["Paper cells: the paper's reported number at paper scale (— = not reported).", ""]
+    lines += _omitted_lines(paper, table, scale)
     lines += _mapping_lines(paper, table, scale) + ["", "## Columns", ""]
-    lines += [_column_note(paper, table, c.name, scale, df) for c in table.columns]
-    lines += ["", "## Table", ""] + _wide_lines(df, table, scale) + [""]
+    lines += [_column_note(paper, table, c.name, scale, df) for c in columns]
+    lines += ["", "## Table", ""] + _wide_lines(df, table, scale, columns) + [""]
     lines += _provenance_lines(df, table)
     return "\n".join(lines) + "\n"
 
@@ -331,10 +555,10 @@ def write_table(df: pd.DataFrame, table: TableSpec, paper: PaperSpec, out_csv: P
                 out_md: Path) -> None:
     """Write the long frame as CSV and a wide, annotated Markdown page.
 
-    The Markdown states the scale, the backbone and benchmark mappings, how each column is
-    computed, that the paper columns are the paper's numbers at paper scale (not comparable in
-    absolute value at other scales), the commit(s) and, per row, the MLflow run ids, run keys
-    and config paths.
+    The Markdown states the scale, the backbone and benchmark mappings (and the benchmarks without a
+    stand-in: omitted columns, averages over fewer benchmarks), how each column is computed, that the
+    paper columns are the paper's numbers at paper scale (not comparable in absolute value at other
+    scales), the commit(s) and, per row, the MLflow run ids, run keys and config paths.
     """
     out_csv, out_md = Path(out_csv), Path(out_md)
     out_csv.parent.mkdir(parents=True, exist_ok=True)

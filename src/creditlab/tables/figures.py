@@ -135,6 +135,119 @@ def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
     return save_figure(fig, out_png)
 
 
+def _y_label(column: str, unit: str) -> str:
+    """Axis label of a table column from its long-frame unit."""
+    if unit == "s":
+        return f"{column} (s per RL step)"
+    if unit.startswith("% vs"):
+        return f"{column} ({unit})"
+    return f"{column} (%)"
+
+
+def plot_bars(df, paper, figure, out_png: Path) -> Path:
+    """One bar per row of ``figure.table`` for column ``figure.y``, with the cells' 95% CIs as error bars.
+
+    ``df`` is the table's long frame (tables.build.build_table, or its CSV). Bars are labelled by row
+    (and paper backbone when the table has several) and coloured by backbone; a row without a value
+    (e.g. the base model in a step_time column) is left out with a warning. At scale ``paper`` the
+    paper's number is drawn as a black tick on its bar; at other scales it is not (not comparable).
+    """
+    import pandas as pd
+
+    table = paper.table(figure.table)
+    sub = df[df["column"] == figure.y]
+    if sub.empty:
+        raise ValueError(f"figure {figure.name!r}: column {figure.y!r} is not in the table frame of "
+                         f"{figure.table!r} (omitted at this scale?); columns: {sorted(set(df['column']))}")
+    backbones = list(dict.fromkeys(r.backbone for r in table.rows))
+    several = len(backbones) > 1
+    unit = str(sub["unit"].iloc[0]) if "unit" in sub else "%"
+    scale = str(sub["scale"].iloc[0]) if "scale" in sub else ""
+    bars = []
+    for row in table.rows:
+        cell = sub[sub["row"] == row.label]
+        if several and "paper_backbone" in cell:
+            cell = cell[cell["paper_backbone"] == row.backbone]
+        if cell.empty or pd.isna(cell["ours_mean"].iloc[0]):
+            _warn(f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.y!r} value; "
+                  f"no bar")
+            continue
+        line = cell.iloc[0]
+        label = f"{row.label}\n{row.backbone}" if several else row.label
+        paper_value = line["paper"] if "paper" in cell else float("nan")
+        bars.append((label, row.backbone, float(line["ours_mean"]), float(line["ours_lo"]),
+                     float(line["ours_hi"]), float(paper_value)))
+    if not bars:
+        raise ValueError(f"figure {figure.name!r}: no row of table {figure.table!r} has a {figure.y!r} value")
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(bars) + 1.5), 4.2))
+    xs = np.arange(len(bars))
+    means = np.array([b[2] for b in bars])
+    lo = np.array([b[3] for b in bars])
+    hi = np.array([b[4] for b in bars])
+    err = np.nan_to_num(np.vstack([means - lo, hi - means]), nan=0.0).clip(min=0.0)
+    colors = [f"C{backbones.index(b[1]) % 10}" for b in bars]
+    ax.bar(xs, means, yerr=err, capsize=4, color=colors, alpha=0.85)
+    for x, m, h in zip(xs, means, np.where(np.isnan(hi), means, hi)):
+        ax.annotate(f"{m:.2f}", (x, max(m, h)), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 2), textcoords="offset points")
+    if scale == "paper":
+        paper_pts = [(x, b[5]) for x, b in zip(xs, bars) if math.isfinite(b[5])]
+        if paper_pts:
+            ax.scatter(*zip(*paper_pts), marker="_", s=400, color="black", zorder=3, label="paper")
+            ax.legend(fontsize=8)
+    if unit.startswith("% vs"):
+        ax.axhline(0.0, color="black", lw=0.8)
+    crowded = len(bars) > 4
+    ax.set_xticks(xs, [b[0] for b in bars], rotation=30 if crowded else 0, ha="right" if crowded else "center",
+                  fontsize=8)
+    ax.set_ylabel(_y_label(figure.y, unit))
+    ax.grid(axis="y", alpha=0.3)
+    title = f"{paper.title.split(':')[0]}: {figure.name}"
+    if scale and scale != "paper":
+        title += f"\n(scale {scale}: tiny models, not the paper's numbers)"
+    ax.set_title(title, fontsize=10)
+    return save_figure(fig, out_png)
+
+
+def plot_token_credit(ranking, out_png: Path, title: str, weight: str = "credit",
+                      reference: float | None = None) -> Path:
+    """Two horizontal bar panels: the token strings with the highest and the lowest mean weight.
+
+    ``ranking`` is tables.token_credit.rank_tokens' frame (side, rank, shown, count, mean). Tokens are
+    shown with visible whitespace; each bar is annotated with its count; ``reference`` (the mean over
+    all tokens) is drawn as a dashed line.
+    """
+    panels = [("top", "highest mean weight"), ("bottom", "lowest mean weight")]
+    n = max(1, int(ranking.groupby("side").size().max()) if len(ranking) else 1)
+    fig, axes = plt.subplots(1, 2, figsize=(10, max(2.5, 0.32 * n + 1.4)), sharex=True)
+    values = ranking["mean"].to_numpy(dtype=float)
+    if reference is not None and math.isfinite(reference):
+        values = np.append(values, reference)
+    lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
+    pad = 0.15 * (hi - lo) if hi > lo else 0.05 * max(abs(hi), 1.0)
+    for ax, (side, label) in zip(axes, panels):
+        part = ranking[ranking["side"] == side]
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel(f"mean {weight} weight")
+        ax.grid(axis="x", alpha=0.3)
+        if reference is not None and math.isfinite(reference):
+            ax.axvline(reference, ls="--", lw=1, color="grey")
+        if part.empty:
+            ax.text(0.5, 0.5, "no token with enough occurrences", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9)
+            ax.set_yticks([])
+            continue
+        ys = np.arange(len(part))
+        ax.barh(ys, part["mean"], left=0.0, color="C2" if side == "top" else "C3", alpha=0.8)
+        ax.set_yticks(ys, [str(s) for s in part["shown"]], fontsize=10, family="DejaVu Sans Mono")
+        ax.invert_yaxis()
+        for y, (m, c) in enumerate(zip(part["mean"], part["count"])):
+            ax.annotate(f"n={c}", (m, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    axes[0].set_xlim(lo - pad, hi + 2 * pad)  # shared: room for the count labels
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, out_png)
+
+
 def plot_token_histograms(values: Mapping[str, Mapping[str, np.ndarray]], out_png: Path, title: str) -> Path:
     """Paper A diagnostics: Δlog p, base entropy and KL(π_RL‖π_base) histograms, base vs RL outputs.
 

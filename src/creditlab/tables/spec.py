@@ -1,9 +1,9 @@
 """Paper table specifications: load and validate `configs/papers/<paper>.yaml`.
 
 A paper config is data, not code: it maps the paper's backbones and benchmarks to our model
-configs and evaluation suites at each scale, names the training runs, and declares each table
-(columns = benchmark x metric, rows = runs, plus the numbers the paper reports). See
-`configs/papers/dlogp.yaml` for the format. Every validation error is a ValueError naming the
+configs and evaluation suites at each scale (a benchmark may map to null: no stand-in there), names
+the training runs, and declares each table (columns = benchmark x metric or a training cost, rows =
+runs, plus the numbers the paper reports) and figures. See `configs/papers/dlogp.yaml` for the format. Every validation error is a ValueError naming the
 file, the offending key and the valid choices, raised before any job starts.
 """
 
@@ -20,19 +20,36 @@ import yaml
 BASE_RUN = "base"
 """Reserved run name: the untrained base model (tiny: warmed up; paper: from the hub)."""
 
-METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
-"""Column metrics. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at the table's scale."""
+EVAL_METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
+"""Column metrics read from evaluations. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at
+the table's scale."""
+
+TRAINING_METRICS = ("step_time",)
+"""Column metrics read from a run's training metrics.jsonl: `step_time` = mean wall time per RL step
+(seconds). Such a column names no benchmark."""
+
+METRICS = EVAL_METRICS + TRAINING_METRICS
 
 WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
 _TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures")
-FIGURE_KINDS = ("replacement_curves", "token_histograms")
-_FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run")
+FIGURE_KINDS = ("replacement_curves", "token_histograms", "bars", "token_credit")
+_FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run", "top", "min_count")
+_FIGURE_KIND_KEYS = {
+    "replacement_curves": ("kind", "caption", "table", "x", "y"),
+    "token_histograms": ("kind", "caption", "backbone", "run"),
+    "bars": ("kind", "caption", "table", "y"),
+    "token_credit": ("kind", "caption", "backbone", "run", "top", "min_count"),
+}
+"""The keys each figure kind takes (all of them but `caption` required, except token_credit's `top`
+(default 15) and `min_count` (default 20))."""
+TOKEN_CREDIT_TOP = 15
+TOKEN_CREDIT_MIN_COUNT = 20
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
 _TABLE_KEYS = ("caption", "columns", "rows")
-_COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting")
+_COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to")
 _ROW_KEYS = ("label", "backbone", "run", "decode", "paper")
 _DECODE_KEYS = ("criterion", "threshold", "gamma", "decode_with", "top_k_support")
 DECODE_CRITERIA = ("dlogp", "kl", "reverse_kl", "js", "entropy", "random")
@@ -50,11 +67,14 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: one metric on one or several benchmarks, or the average of earlier columns.
+    """A table column: one metric on one or several benchmarks, the average of earlier columns, or a
+    training cost.
 
-    Exactly one of `benchmark`, `benchmarks`, `average_of` is set. `metric` is one of METRICS for
-    benchmark columns and None for `average_of` columns (each averaged column keeps its own).
-    `weighting` applies when several suites are averaged.
+    Exactly one of `benchmark`, `benchmarks`, `average_of` is set, except for a `step_time` column
+    (metric in TRAINING_METRICS), which has none. `metric` is one of METRICS for benchmark and
+    step_time columns and None for `average_of` columns (each averaged column keeps its own).
+    `weighting` applies when several suites are averaged. `relative_to` (step_time only) names a run:
+    the cell is then the % difference of the row's step time vs that run's on the same backbone.
     """
 
     name: str
@@ -63,6 +83,12 @@ class Column:
     metric: str | None = None
     average_of: tuple[str, ...] | None = None
     weighting: str = "plain"
+    relative_to: str | None = None
+
+    @property
+    def is_training(self) -> bool:
+        """A column read from the runs' training metrics (no benchmark), e.g. step_time."""
+        return self.metric in TRAINING_METRICS
 
     @property
     def paper_benchmarks(self) -> tuple[str, ...]:
@@ -121,7 +147,10 @@ class DecodeSpec:
 class FigureSpec:
     """A paper figure: ``replacement_curves`` plots column ``y`` against column ``x`` of ``table``, one
     line per decoding criterion (rows without a decoding as reference lines); ``token_histograms``
-    plots Δlog p / entropy / KL histograms of ``run``'s outputs vs its base model's on ``backbone``."""
+    plots Δlog p / entropy / KL histograms of ``run``'s outputs vs its base model's on ``backbone``;
+    ``bars`` plots column ``y`` of ``table``, one bar per row with its 95% CI; ``token_credit`` plots
+    the ``top`` tokens with the highest and lowest mean credit weight (among tokens generated at least
+    ``min_count`` times) of ``run`` on ``backbone``, from the run's token_credit.json."""
 
     name: str
     kind: str
@@ -131,6 +160,8 @@ class FigureSpec:
     y: str | None = None
     backbone: str | None = None
     run: str | None = None
+    top: int = TOKEN_CREDIT_TOP
+    min_count: int = TOKEN_CREDIT_MIN_COUNT
 
 
 @dataclass(frozen=True)
@@ -157,7 +188,7 @@ class TableSpec:
         """The (paper benchmark, symbolic metric) pairs a column averages over, in order.
 
         An `average_of` column expands its referenced columns recursively; a pair appearing
-        twice is counted once.
+        twice is counted once. A training column (step_time) has none.
         """
         if column.average_of is None:
             assert column.metric is not None
@@ -172,13 +203,18 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class PaperSpec:
-    """A paper: its backbone and benchmark mappings per scale, its runs and its tables."""
+    """A paper: its backbone and benchmark mappings per scale, its runs and its tables.
+
+    A benchmark may have no stand-in at a scale (``benchmarks: {AIME26: {tiny: null, ...}}``): there,
+    a column on it alone is omitted and a column over several benchmarks averages the mapped ones
+    (see `leaves_at`, `columns_at`).
+    """
 
     paper: str
     title: str
     experiment: str
     backbones: dict[str, dict[str, str]]
-    benchmarks: dict[str, dict[str, str]]
+    benchmarks: dict[str, dict[str, str | None]]
     runs: dict[str, RunSpec]
     tables: dict[str, TableSpec]
     source: str = ""
@@ -190,8 +226,67 @@ class PaperSpec:
         return _lookup(self.backbones, "backbones", paper_backbone, scale, self.source)
 
     def suite_for(self, benchmark: str, scale: str) -> str:
-        """The evaluation suite standing in for the paper's `benchmark` at `scale`."""
-        return _lookup(self.benchmarks, "benchmarks", benchmark, scale, self.source)
+        """The evaluation suite standing in for the paper's `benchmark` at `scale`.
+
+        ValueError if the benchmark has no stand-in there (mapped to null); see `has_suite`.
+        """
+        suite = _lookup(self.benchmarks, "benchmarks", benchmark, scale, self.source)
+        if suite is None:
+            mapped = sorted(s for s, v in self.benchmarks[benchmark].items() if v is not None)
+            raise ValueError(
+                f"{self.source}: benchmarks.{benchmark} has no stand-in suite at scale {scale!r} (null); "
+                f"scales where it has one: {mapped} (check PaperSpec.has_suite first)"
+            )
+        return suite
+
+    def has_suite(self, benchmark: str, scale: str) -> bool:
+        """Whether the paper's `benchmark` has a stand-in suite at `scale` (ValueError for an unknown
+        benchmark or scale, as suite_for)."""
+        return _lookup(self.benchmarks, "benchmarks", benchmark, scale, self.source) is not None
+
+    def leaves_at(self, table: str, column: Column | str, scale: str
+                  ) -> tuple[list[tuple[str, str]], list[str]]:
+        """(mapped (benchmark, metric) pairs, benchmarks without a stand-in) of a column at `scale`."""
+        spec = self.table(table)
+        col = spec.column(column) if isinstance(column, str) else column
+        leaves = spec.leaves(col)
+        mapped = [(b, m) for b, m in leaves if self.has_suite(b, scale)]
+        unmapped = list(dict.fromkeys(b for b, _ in leaves if not self.has_suite(b, scale)))
+        return mapped, unmapped
+
+    def columns_at(self, table: str, scale: str) -> list[Column]:
+        """The columns of `table` shown at `scale`: training columns, and benchmark / average columns
+        with at least one benchmark that has a stand-in there."""
+        spec = self.table(table)
+        return [c for c in spec.columns if c.is_training or self.leaves_at(table, c, scale)[0]]
+
+    def omitted_columns(self, table: str, scale: str) -> list[Column]:
+        """The columns of `table` left out at `scale` (none of their benchmarks has a stand-in)."""
+        shown = {c.name for c in self.columns_at(table, scale)}
+        return [c for c in self.table(table).columns if c.name not in shown]
+
+    def needs_evals(self, table: str, scale: str) -> bool:
+        """Whether `table` at `scale` reads any evaluation (a shown column with a mapped benchmark)."""
+        return any(not c.is_training for c in self.columns_at(table, scale))
+
+    def needs_training_metrics(self, table: str, scale: str) -> bool:
+        """Whether `table` at `scale` reads the runs' training metrics (a step_time column)."""
+        return any(c.is_training for c in self.columns_at(table, scale))
+
+    def tables_at(self, scale: str) -> list[str]:
+        """The tables with at least one column at `scale` (the others cannot be built there)."""
+        return [t for t in self.tables if self.columns_at(t, scale)]
+
+    def figures_at(self, scale: str) -> list[str]:
+        """The figures that can be drawn at `scale`: table-based ones need their table and columns."""
+        out = []
+        for name, fig in self.figures.items():
+            if fig.table is not None:
+                shown = {c.name for c in self.columns_at(fig.table, scale)}
+                if not shown or any(c is not None and c not in shown for c in (fig.x, fig.y)):
+                    continue
+            out.append(name)
+        return out
 
     def table(self, name: str) -> TableSpec:
         """The table called `name` (ValueError naming the choices otherwise)."""
@@ -203,8 +298,8 @@ class PaperSpec:
         return self.tables[name]
 
 
-def _lookup(mapping: dict[str, dict[str, str]], what: str, key: str, scale: str,
-            source: str) -> str:
+def _lookup(mapping: dict[str, dict[str, Any]], what: str, key: str, scale: str,
+            source: str) -> Any:
     """mapping[key][scale] with a ValueError naming the valid choices on either miss."""
     if key not in mapping:
         raise ValueError(f"{source}: unknown {what} entry {key!r}; choices: {sorted(mapping)}")
@@ -217,7 +312,8 @@ def _lookup(mapping: dict[str, dict[str, str]], what: str, key: str, scale: str,
 
 
 def resolve_metric(metric: str, k: int) -> str:
-    """Concrete metric name for a symbolic one: resolve_metric("avg@k", 8) == "avg@8"."""
+    """Concrete metric name for a symbolic one: resolve_metric("avg@k", 8) == "avg@8"
+    (other metrics, step_time included, are returned unchanged)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choices: {list(METRICS)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -275,8 +371,12 @@ class _Checker:
         return value
 
 
-def _parse_scale_map(chk: _Checker, data: Any, what: str) -> dict[str, dict[str, str]]:
-    """Parse `backbones` / `benchmarks`: paper name -> {scale: our name}, same scales for all."""
+def _parse_scale_map(chk: _Checker, data: Any, what: str, allow_null: bool = False
+                     ) -> dict[str, dict[str, Any]]:
+    """Parse `backbones` / `benchmarks`: paper name -> {scale: our name}, same scales for all.
+
+    With `allow_null` (benchmarks) a scale may map to null: no stand-in at that scale.
+    """
     if not isinstance(data, Mapping) or not data:
         chk.fail(what, "expected a non-empty mapping of paper name -> {scale: name}")
     parsed: dict[str, dict[str, str]] = {}
@@ -284,7 +384,8 @@ def _parse_scale_map(chk: _Checker, data: Any, what: str) -> dict[str, dict[str,
         where = f"{what}.{name}"
         if not isinstance(per_scale, Mapping) or not per_scale:
             chk.fail(where, f"expected a non-empty mapping scale -> name, got {per_scale!r}")
-        parsed[str(name)] = {str(s): chk.string(v, f"{where}.{s}") for s, v in per_scale.items()}
+        parsed[str(name)] = {str(s): None if (v is None and allow_null) else chk.string(v, f"{where}.{s}")
+                             for s, v in per_scale.items()}
     scales = {frozenset(m) for m in parsed.values()}
     if len(scales) > 1:
         union = sorted(set().union(*scales))
@@ -344,27 +445,38 @@ def _parse_runs(chk: _Checker, data: Any) -> dict[str, RunSpec]:
     return runs
 
 
-def _parse_column(chk: _Checker, data: Any, where: str, benchmarks: Mapping[str, Any],
-                  earlier: list[str]) -> Column:
-    """Parse one column; `earlier` are the names of the columns before it."""
+def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any],
+                  earlier: list[Column]) -> Column:
+    """Parse one column; `earlier` are the columns before it."""
+    benchmarks = paper["benchmarks"]
+    names = [c.name for c in earlier]
     body = chk.keys(data, where, _COLUMN_KEYS, required=("name",))
     name = chk.string(body["name"], f"{where}.name")
     where = f"{where} ({name})"
-    if name in earlier:
-        chk.fail(f"{where}.name", f"duplicate column name {name!r}", earlier)
+    if name in names:
+        chk.fail(f"{where}.name", f"duplicate column name {name!r}", names)
     kinds = [k for k in ("benchmark", "benchmarks", "average_of") if k in body]
+    if body.get("metric") in TRAINING_METRICS:
+        return _parse_training_column(chk, body, where, name, kinds, paper)
+    if "relative_to" in body:
+        chk.fail(f"{where}.relative_to", "relative_to applies to a training-cost column only",
+                 [f"metric: {m}" for m in TRAINING_METRICS])
     if len(kinds) != 1:
-        chk.fail(where, f"a column needs exactly one of benchmark / benchmarks / average_of, "
-                 f"got {kinds}", ("benchmark", "benchmarks", "average_of"))
+        chk.fail(where, f"a column needs exactly one of benchmark / benchmarks / average_of "
+                 f"(only a {'/'.join(TRAINING_METRICS)} column has none), got {kinds}",
+                 ("benchmark", "benchmarks", "average_of"))
     weighting = chk.choice(body.get("weighting", "plain"), f"{where}.weighting", WEIGHTINGS)
     if "average_of" in body:
         if "metric" in body:
             chk.fail(f"{where}.metric", "an average_of column takes the metrics of its columns")
         refs = chk.strings(body["average_of"], f"{where}.average_of")
         for ref in refs:
-            if ref not in earlier:
+            if ref not in names:
                 chk.fail(f"{where}.average_of", f"{ref!r} is not a column defined before {name!r}",
-                         earlier)
+                         names)
+            if earlier[names.index(ref)].is_training:
+                chk.fail(f"{where}.average_of", f"{ref!r} is a training-cost column, not an accuracy",
+                         [c.name for c in earlier if not c.is_training])
         return Column(name, average_of=refs, weighting=weighting)
     if "metric" not in body:
         chk.fail(where, "missing required key 'metric'", METRICS)
@@ -376,6 +488,41 @@ def _parse_column(chk: _Checker, data: Any, where: str, benchmarks: Mapping[str,
     for i, bench in enumerate(benches):
         chk.choice(bench, f"{where}.benchmarks[{i}]", benchmarks)
     return Column(name, benchmarks=benches, metric=metric, weighting=weighting)
+
+
+def _parse_training_column(chk: _Checker, body: dict, where: str, name: str, kinds: list[str],
+                           paper: Mapping[str, Any]) -> Column:
+    """A training-cost column (step_time): no benchmark, no weighting, optional relative_to <run>."""
+    metric = body["metric"]
+    if kinds:
+        chk.fail(f"{where}.{kinds[0]}", f"a {metric} column is a training cost of the row's run and "
+                 f"takes no benchmark / benchmarks / average_of", ("name", "metric", "relative_to"))
+    if "weighting" in body:
+        chk.fail(f"{where}.weighting", f"a {metric} column averages no suites",
+                 ("name", "metric", "relative_to"))
+    relative_to = None
+    if body.get("relative_to") is not None:
+        relative_to = chk.choice(body["relative_to"], f"{where}.relative_to", paper["runs"])
+    return Column(name, metric=metric, relative_to=relative_to)
+
+
+def _check_relative_to(chk: _Checker, where: str, columns: list[Column], rows: list[Row]) -> None:
+    """A relative_to column needs, on the backbone of every trained row, a row of the reference run."""
+    for i, col in enumerate(columns):
+        if col.relative_to is None:
+            continue
+        for row in rows:
+            if row.run == BASE_RUN:
+                continue
+            if not any(r.run == col.relative_to and r.backbone == row.backbone for r in rows):
+                runs = _unique_list(r.run for r in rows if r.backbone == row.backbone and r.run != BASE_RUN)
+                chk.fail(f"{where}.columns[{i}] ({col.name}).relative_to",
+                         f"no row of run {col.relative_to!r} on backbone {row.backbone!r} (row "
+                         f"{row.label!r}) to compare with", runs)
+
+
+def _unique_list(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def _parse_paper_numbers(chk: _Checker, data: Any, where: str,
@@ -425,8 +572,7 @@ def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
         chk.fail(f"{where}.rows", "expected a non-empty list of rows")
     columns: list[Column] = []
     for i, col in enumerate(body["columns"]):
-        columns.append(_parse_column(chk, col, f"{where}.columns[{i}]", paper["benchmarks"],
-                                     [c.name for c in columns]))
+        columns.append(_parse_column(chk, col, f"{where}.columns[{i}]", paper, columns))
     names = [c.name for c in columns]
     rows: list[Row] = []
     seen: set[tuple[str, str]] = set()
@@ -437,6 +583,7 @@ def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
                      f"backbone={row.backbone!r})", [f"{r.label}/{r.backbone}" for r in rows])
         seen.add((row.label, row.backbone))
         rows.append(row)
+    _check_relative_to(chk, where, columns, rows)
     caption = " ".join(str(body.get("caption") or "").split())
     return TableSpec(paper_name, str(name), caption, tuple(columns), tuple(rows))
 
@@ -447,7 +594,7 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
     body = chk.keys(data, "", _TOP_KEYS, required=_REQUIRED_TOP_KEYS)
     paper = chk.string(body["paper"], "paper")
     backbones = _parse_scale_map(chk, body["backbones"], "backbones")
-    benchmarks = _parse_scale_map(chk, body["benchmarks"], "benchmarks")
+    benchmarks = _parse_scale_map(chk, body["benchmarks"], "benchmarks", allow_null=True)
     runs = _parse_runs(chk, body["runs"])
     decodes = _parse_decodes(chk, body.get("decodes"))
     context = {"backbones": backbones, "benchmarks": benchmarks, "runs": runs, "decodes": decodes}
@@ -481,18 +628,32 @@ def _parse_figures(chk: _Checker, data: Any, tables: Mapping[str, TableSpec], pa
         where = f"figures.{name}"
         body = chk.keys(body, where, _FIGURE_KEYS, required=("kind",))
         kind = chk.choice(body["kind"], f"{where}.kind", FIGURE_KINDS)
+        allowed = _FIGURE_KIND_KEYS[kind]
+        for key in body:
+            if key not in allowed:
+                chk.fail(f"{where}.{key}", f"a {kind} figure takes no key {key!r}", allowed)
         caption = " ".join(str(body.get("caption") or "").split())
-        if kind == "replacement_curves":
+        if kind in ("replacement_curves", "bars"):
             table = chk.choice(body.get("table"), f"{where}.table", tables)
             cols = [c.name for c in tables[table].columns]
-            fig = FigureSpec(str(name), kind, caption, table, chk.choice(body.get("x"), f"{where}.x", cols),
-                             chk.choice(body.get("y"), f"{where}.y", cols))
+            x = chk.choice(body.get("x"), f"{where}.x", cols) if kind == "replacement_curves" else None
+            fig = FigureSpec(str(name), kind, caption, table, x, chk.choice(body.get("y"), f"{where}.y", cols))
         else:
             fig = FigureSpec(str(name), kind, caption,
                              backbone=chk.choice(body.get("backbone"), f"{where}.backbone", paper["backbones"]),
-                             run=chk.choice(body.get("run"), f"{where}.run", paper["runs"]))
+                             run=chk.choice(body.get("run"), f"{where}.run", paper["runs"]),
+                             top=_positive_int(chk, body.get("top", TOKEN_CREDIT_TOP), f"{where}.top"),
+                             min_count=_positive_int(chk, body.get("min_count", TOKEN_CREDIT_MIN_COUNT),
+                                                     f"{where}.min_count"))
         figures[str(name)] = fig
     return figures
+
+
+def _positive_int(chk: _Checker, value: Any, where: str) -> int:
+    """Check that `value` is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        chk.fail(where, f"expected a positive integer, got {value!r}")
+    return value
 
 
 def load_paper(path: str | Path) -> PaperSpec:
