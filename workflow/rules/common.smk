@@ -1,5 +1,6 @@
 # Shared by all the .smk files: the plan (unique runs of every table), path patterns, the CLI prefix.
 import os
+import re
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -11,6 +12,9 @@ try:
     PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
 except (PlanError, ValueError) as err:
     raise WorkflowError(f"invalid pipeline/paper config: {err}")
+if PLAN.skipped_tables:
+    print(f"creditlab: tables with no benchmark stand-in at scale {PLAN.scale!r}, not built: "
+          f"{', '.join(f'{p}/{t}' for p, t in PLAN.skipped_tables)}", file=sys.stderr)
 
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
@@ -36,30 +40,67 @@ def log_for(name):
 
 def all_tables():
     out = []
-    for paper, table in PLAN.tables:
+    for paper, table in PLAN.tables:  # the tables buildable at this scale
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
         out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
     return out + all_figures()
 
 
-def figure_path(paper, name):
-    """Where a paper figure lands: its own file, or the diagnostics of a (backbone, run, seed)."""
+def figure_paths(paper, name):
+    """Where a paper figure lands: its own PNG (token_credit: and its .md/.csv table), or the
+    diagnostics of a (backbone, run, seed)."""
     spec = PLAN.papers[paper]
     fig = spec.figures[name]
     if fig.kind == "token_histograms":
         backbone = spec.backbone_for(fig.backbone, SCALE)
-        return str(paths.fmt(paths.DIAG_PNG, results=RESULTS, scale=SCALE, backbone=backbone, run=fig.run,
-                             seed=PLAN.seeds[0]))
-    return str(paths.fmt(paths.FIGURE_PNG, results=RESULTS, scale=SCALE, paper=paper, figure=name))
+        return [str(paths.fmt(paths.DIAG_PNG, results=RESULTS, scale=SCALE, backbone=backbone, run=fig.run,
+                              seed=PLAN.seeds[0]))]
+    fill = dict(results=RESULTS, scale=SCALE, paper=paper, figure=name)
+    patterns = [paths.FIGURE_PNG] + ([paths.FIGURE_MD, paths.FIGURE_CSV] if fig.kind == "token_credit" else [])
+    return [str(paths.fmt(p, **fill)) for p in patterns]
 
 
 def all_figures():
-    return [figure_path(paper, name) for paper, spec in PLAN.papers.items() for name in spec.figures]
+    """Every figure drawable at this scale (a table-based one needs its table and columns here)."""
+    return [path for paper, name in PLAN.figures for path in figure_paths(paper, name)]
+
+
+def _names_regex(names):
+    """A wildcard regex matching exactly `names` (never matching anything when there are none)."""
+    return "|".join(re.escape(n) for n in sorted(names)) or "(?!)"
+
+
+# token_credit figures share FIGURE_PNG with the table-based kinds but have their own rule (three
+# outputs); the two rules' `figure` wildcards are constrained to disjoint sets of names.
+_KINDS_BY_NAME = {}
+for _p, _spec in PLAN.papers.items():
+    for _name, _fig in _spec.figures.items():
+        _KINDS_BY_NAME.setdefault(_name, set()).add("token_credit" if _fig.kind == "token_credit" else "other")
+_clash = sorted(n for n, kinds in _KINDS_BY_NAME.items() if len(kinds) > 1)
+if _clash:
+    raise WorkflowError(f"figure name(s) {_clash} are token_credit figures in one paper and another kind in "
+                        f"another; rename one (figure names share one output pattern)")
+TOKEN_CREDIT_FIGURES = _names_regex(n for n, kinds in _KINDS_BY_NAME.items() if "token_credit" in kinds)
+TABLE_FIGURES = f"(?!(?:{TOKEN_CREDIT_FIGURES})\\.png$)[^/]+"  # any name but a token_credit figure's
 
 
 def figure_table(wildcards):
     fig = PLAN.papers[wildcards.paper].figures[wildcards.figure]
     return str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=wildcards.paper, table=fig.table))
+
+
+def figure_params(wildcards):
+    """Kind and caption of a figure (for the report caption)."""
+    fig = PLAN.papers[wildcards.paper].figures[wildcards.figure]
+    return {"kind": fig.kind, "caption": fig.caption}
+
+
+def token_credit_run(wildcards):
+    """A token_credit figure reads the token_credit.json of its run's first seed: the run's DONE marker."""
+    spec = PLAN.papers[wildcards.paper]
+    fig = spec.figures[wildcards.figure]
+    return str(paths.fmt(paths.RUN_DONE, results=RESULTS, scale=SCALE, backbone=spec.backbone_for(fig.backbone, SCALE),
+                         run=fig.run, seed=PLAN.seeds[0]))
 
 
 def model_of(wildcards):
@@ -78,12 +119,15 @@ def decode_inputs(wildcards):
 
 
 def table_inputs(wildcards):
-    """Evaluation metrics of every row of a table, and training metrics of its trained runs."""
+    """Evaluation metrics the table reads (none for benchmarks without a stand-in at this scale), and the
+    training metrics of its trained runs (training curves, step_time columns)."""
     out = {"evals": [], "curves": []}
     for run, decode in PLAN.table_evals(wildcards.paper, wildcards.table):
         fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed, decode=decode)
         pattern = paths.EVAL_METRICS if decode is None else paths.DECODE_EVAL_METRICS
         out["evals"].append(str(paths.fmt(pattern, **fill)))
+    for run in PLAN.table_runs(wildcards.paper, wildcards.table):
+        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed)
         if run.trains and str(paths.fmt(paths.RUN_METRICS, **fill)) not in out["curves"]:
             out["curves"].append(str(paths.fmt(paths.RUN_METRICS, **fill)))
     return out

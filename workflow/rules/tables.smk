@@ -38,10 +38,39 @@ rule figure:
             subcategory="figures",
             labels={"paper": "{paper}", "figure": "{figure}"},
         ),
+    wildcard_constraints:
+        figure=TABLE_FIGURES,
     log:
         log_for("figure/{paper}/{figure}"),
     params:
         cli=CLI,
+        fig=figure_params,
+    conda:
+        ENV
+    shell:
+        "{params.cli} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+
+
+rule token_credit_figure:
+    input:
+        token_credit_run,
+    output:
+        png=report(
+            at_scale(paths.FIGURE_PNG),
+            caption="../report/token_credit.rst",
+            category="{paper}",
+            subcategory="figures",
+            labels={"paper": "{paper}", "figure": "{figure}"},
+        ),
+        md=at_scale(paths.FIGURE_MD),
+        csv=at_scale(paths.FIGURE_CSV),
+    wildcard_constraints:
+        figure=TOKEN_CREDIT_FIGURES,
+    log:
+        log_for("figure/{paper}/{figure}"),
+    params:
+        cli=CLI,
+        fig=figure_params,
     conda:
         ENV
     shell:
