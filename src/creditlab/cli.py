@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from creditlab import paths
-from creditlab.plan import BASE_RUN, CONFIG_DIR, build_plan, compose, run_config
+from creditlab.plan import BASE_RUN, CONFIG_DIR, all_papers, build_plan, compose, run_config
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -37,7 +37,11 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
         cfg["scale"] = a.scale
     if getattr(a, "seeds", None):
         cfg["seeds"] = [int(s) for s in a.seeds.split(",")]
-    if getattr(a, "papers", None):
+    elif getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed)
+        cfg["seeds"] = [a.seed]
+    if getattr(a, "papers", None) == "all":
+        cfg["papers"] = all_papers()
+    elif getattr(a, "papers", None):
         cfg["papers"] = a.papers.split(",")
     return cfg
 
@@ -376,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-config", default=str(CONFIG_DIR / "pipeline.yaml"))
     p.add_argument("--scale", default=None, help="tiny | micro (default: the pipeline config's)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's)")
-    p.add_argument("--papers", default=None, help="comma-separated papers (default: the pipeline config's)")
+    p.add_argument("--papers", default=None,
+                   help="comma-separated papers, or `all` (every configs/papers/*.yaml; what Snakemake jobs use, so "
+                        "that choosing papers re-runs nothing); default: the pipeline config's")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = p.add_subparsers(dest="verb", required=True)
 

@@ -116,10 +116,15 @@ class Plan:
         return self.decodes[name]
 
 
+def all_papers(config_dir: Path = CONFIG_DIR) -> list[str]:
+    """Every paper with a config (configs/papers/<name>.yaml), sorted."""
+    return sorted(p.stem for p in (Path(config_dir) / "papers").glob("*.yaml"))
+
+
 def paper_config_path(paper: str, config_dir: Path = CONFIG_DIR) -> Path:
     path = Path(config_dir) / "papers" / f"{paper}.yaml"
     if not path.exists():
-        valid = sorted(p.stem for p in (Path(config_dir) / "papers").glob("*.yaml"))
+        valid = all_papers(config_dir)
         raise PlanError(f"unknown paper {paper!r} in pipeline config 'papers'; valid choices: {valid}")
     return path
 

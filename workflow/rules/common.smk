@@ -23,10 +23,11 @@ if config.get("mlflow_uri"):
     # exported (not read) for the jobs, which inherit the environment (sbatch too: --export=ALL);
     # deliberately not a rule param, so pointing at another server re-runs nothing
     os.environ.update(MLFLOW_TRACKING_URI=config["mlflow_uri"])
-CLI = (
-    f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} "
-    f"--seeds {','.join(map(str, PLAN.seeds))} --papers {','.join(config['papers'])}"
-)
+# Jobs plan with every paper config (`--papers all`) and the seed of their own run, so that choosing
+# papers or adding seeds re-runs no finished job (the command is a param, and params trigger re-runs);
+# only tables and figures, which average over seeds, get the seed list (SEEDS).
+CLI = f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} --papers all"
+SEEDS = ",".join(map(str, PLAN.seeds))
 
 
 def at_scale(pattern):

@@ -21,10 +21,11 @@ rule table:
         log_for("table/{paper}/{table}"),
     params:
         cli=CLI,
+        seeds=SEEDS,
     conda:
         ENV
     shell:
-        "{params.cli} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
+        "{params.cli} --seeds {params.seeds} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
 
 
 rule figure:
@@ -44,11 +45,12 @@ rule figure:
         log_for("figure/{paper}/{figure}"),
     params:
         cli=CLI,
+        seeds=SEEDS,
         fig=figure_params,
     conda:
         ENV
     shell:
-        "{params.cli} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+        "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
 
 
 rule token_credit_figure:
@@ -70,11 +72,12 @@ rule token_credit_figure:
         log_for("figure/{paper}/{figure}"),
     params:
         cli=CLI,
+        seeds=SEEDS,
         fig=figure_params,
     conda:
         ENV
     shell:
-        "{params.cli} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+        "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
 
 
 rule diagnose:
