@@ -20,12 +20,12 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 pytestmark = pytest.mark.e2e
 
 
-def _snakemake(*args: str, results: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+def _snakemake(*args: str, results: Path, timeout: int = 900, papers: str = "dlogp") -> subprocess.CompletedProcess:
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # own working directory: no lock shared with a user's run in the repository
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(results.parent), "--cores", "2",
-           "--config", "scale=micro", f"results={results}", *args]
+           "--config", "scale=micro", f"results={results}", f"papers=[{papers}]", *args]
     return subprocess.run(cmd, cwd=results.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -35,6 +35,39 @@ def micro_results(tmp_path_factory) -> Path:
     proc = _snakemake(results=results)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return results
+
+
+@pytest.fixture(scope="module")
+def delta_results(micro_results) -> Path:
+    """Paper B's transfer table and both figures on top of Paper A's results (its diagnostics rows are
+    one trainer step each in tests/test_credit_delta.py; the whole DAG is `make run`)."""
+    targets = [str(micro_results / f"micro/{t}") for t in (
+        "tables/delta/transfer.csv", "figures/delta/figure_token_selection.png", "figures/delta/figure_token_clouds.png")]
+    proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return micro_results
+
+
+def test_delta_transfer_table_figures_and_tracking(delta_results):
+    df = pd.read_csv(delta_results / "micro/tables/delta/transfer.csv")
+    assert set(zip(df["row"], df["paper_backbone"])) == {
+        (m, b) for m in ("DAPO", "DelTA") for b in ("Olmo3-7B-Base", "Qwen3-8B-Base", "Qwen3-14B-Base")}
+    assert set(df["column"]) == {"Math Avg", "OOD", "Step time (s)", "Overhead vs DAPO"}  # Code: no micro stand-in
+    steps = df[df["column"] == "Step time (s)"]
+    assert (steps["ours_mean"] > 0).all() and (steps["ours_lo"] <= steps["ours_hi"]).all()
+    md = (delta_results / "micro/tables/delta/transfer.md").read_text()
+    assert "averages only 3 of its 7 benchmarks" in md and "reference (" in md and "10.20" in md
+    cfg = (delta_results / "micro/runs/micro-olmo/delta/s0/config.yaml").read_text()
+    assert "family: olmo" in cfg and "name: delta" in cfg
+    clouds = json.loads((delta_results / "micro/runs/micro-s/delta/s0/token_credit.json").read_text())
+    assert clouds["n_tokens"] == sum(t["count"] for t in clouds["tokens"]) > 0
+    for f in ("figure_token_selection.png", "figure_token_clouds.png"):
+        assert (delta_results / "micro/figures/delta" / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f
+    assert "Highest mean weight" in (delta_results / "micro/figures/delta/figure_token_clouds.md").read_text()
+    with sqlite3.connect(delta_results / "mlflow.db") as db:
+        n = db.execute("select count(*) from runs r join experiments e on r.experiment_id = e.experiment_id "
+                       "where e.name = 'delta' and r.status = 'FINISHED'").fetchone()[0]
+        assert n >= 9  # 6 transfer runs + 3 selection runs
 
 
 def test_table_has_every_row_with_ci_and_provenance(micro_results):
@@ -98,7 +131,7 @@ def test_runs_are_done_resumable_and_tracked(micro_results):
         assert evals > 0  # the evaluation logged into the run it evaluates
 
 
-def test_noop_rerun_starts_no_job(micro_results):
+def test_noop_rerun_starts_no_job(micro_results, delta_results):
     proc = _snakemake("-n", results=micro_results, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr
