@@ -7,3 +7,30 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# a small real Trainer for one-step tests of methods (tests/test_credit_delta.py, test_trainer_methods.py)
+
+
+class _RandomScorer:
+    """Scores half of the rollouts right, deterministically, so every group is informative."""
+
+    def score(self, texts, golds):
+        return [float(i % 2) for i in range(len(texts))]
+
+
+def make_trainer(method, tmp_path, overrides=()):
+    """A local-engine Trainer of `method` at micro size on 20 synthetic problems, scores alternating 0/1
+    (every group informative), overlong shaping off."""
+    from creditlab.data.synthetic import generate_split
+    from creditlab.data.tokenizer import build_tokenizer
+    from creditlab.engines.local.trainer import Trainer
+    from creditlab.models.tiny import build_model
+    from creditlab.plan import compose
+
+    cfg = compose("micro", "micro-s", method, ["trainer.steps=1", "trainer.overlong.enable=false", *overrides])
+    records = generate_split(0, 20, [1, 1], [1, 1])
+    tok = build_tokenizer([r["question"] + r["solution"] for r in records] + ["Q: A:\n \\boxed{}0123456789+-*"])
+    model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    return Trainer(cfg, model, tok, records, _RandomScorer(), tmp_path / method, progress=False)

@@ -21,6 +21,7 @@ from creditlab.algos.credit.delta import (
     topk_hidden_proxy,
 )
 from creditlab.algos import registry
+from conftest import make_trainer
 
 torch.set_num_threads(1)
 
@@ -294,25 +295,8 @@ def test_selection_keeps_half_of_the_informative_tokens(mode):
 # the local engine: DelTA reuses the old-log-prob forward (no extra forward pass)
 
 
-class _RandomScorer:
-    """Scores half of the rollouts right, deterministically, so every group is informative."""
-
-    def score(self, texts, golds):
-        return [float(i % 2) for i in range(len(texts))]
-
-
 def _trainer(method, tmp_path, overrides=()):
-    from creditlab.data.synthetic import generate_split
-    from creditlab.data.tokenizer import build_tokenizer
-    from creditlab.engines.local.trainer import Trainer
-    from creditlab.models.tiny import build_model
-    from creditlab.plan import compose
-
-    cfg = compose("micro", "micro-s", method, ["trainer.steps=1", "trainer.overlong.enable=false", *overrides])
-    records = generate_split(0, 20, [1, 1], [1, 1])
-    tok = build_tokenizer([r["question"] + r["solution"] for r in records] + ["Q: A:\n \\boxed{}0123456789+-*"])
-    model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-    return Trainer(cfg, model, tok, records, _RandomScorer(), tmp_path / method, progress=False)
+    return make_trainer(method, tmp_path, overrides)
 
 
 def _count_forwards(trainer):

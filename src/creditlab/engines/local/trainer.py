@@ -19,6 +19,7 @@ The trainer knows nothing about MLflow: it calls ``log_fn(metrics, step)``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
+from creditlab.algos.cancellation import cancellation_residual, loss_token_coefficients
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.data.schema import render_prompt
 from creditlab.engines.local.batch import pack, response_forward
@@ -111,6 +113,7 @@ class Trainer:
         self.advantage_fn = registry.get("advantage", self.mcfg["advantage"])
         self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
         self.batching_fn = registry.get("batching", t["batching"])
+        self.loss_takes_groups = "group_ids" in inspect.signature(self.loss_fn).parameters
         self.credit_fns = _lookup("credit", self.mcfg.get("credit"))
         self.token_filters = _lookup("token_filter", self.mcfg.get("token_filter"))
         # credit/filter settings that name `topk` get the top-K next-token distributions of the old forward
@@ -267,14 +270,23 @@ class Trainer:
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
         stats: list[dict[str, float]] = []
+        loss_kwargs = dict(m.get("loss_kwargs") or {})
         for _ in range(t["ppo_epochs"]):
             for idx in self.batching_fn(group_ids, t["mini_batches"], gen):
                 mb = batch.select(idx)
                 T = mb.response_len
+                if self.loss_takes_groups:  # group-coupled losses (GRPO-fix, DFPO) see whole groups only
+                    _check_whole_groups(group_ids[idx], group_ids, self.mcfg["policy_loss"], t["batching"])
+                    loss_kwargs["group_ids"] = group_ids[idx].to(self.device)
                 with _autocast(self.device):
                     new = response_forward(self.model, mb)
-                loss, st = self.loss_fn(new.logp, old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T],
-                                        **(m.get("loss_kwargs") or {}))
+                args = (old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T])
+                loss, st = self.loss_fn(new.logp, *args, **loss_kwargs)
+                # cancellation diagnostic (Paper E): do the per-token loss gradients of tokens shared within
+                # a group cancel? d loss / d logp by autograd on the loss alone (no model backward)
+                g = loss_token_coefficients(self.loss_fn, new.logp, *args, **loss_kwargs)
+                res = cancellation_residual(g, mb.responses.to(self.device), args[2], group_ids[idx].to(self.device))
+                st = st | {"cancel_rel_residual": res["rel_residual"], "cancel_group_coef_rel": res["group_coef_rel"]}
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
@@ -284,7 +296,11 @@ class Trainer:
         t_update = time.perf_counter() - t2
 
         tok_mask = mask.bool()
-        metrics.update({k: float(np.mean([s[k] for s in stats])) for k in stats[0]})
+        metrics.update({k: float(np.nanmean([s[k] for s in stats])) for k in stats[0]})
+        correct = torch.tensor([sc > 0 for sc in ro.scores], device=self.device)
+        if correct.any():  # solution-probability drift: mean log-prob per token of the correct rollouts
+            per_seq = (old.logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            metrics["solution_logp_mean"] = per_seq[correct].mean().item()
         metrics.update(
             entropy_mean=old.entropy[tok_mask].mean().item(),
             adv_abs_mean=adv.abs().mean().item(),
@@ -326,6 +342,16 @@ class Trainer:
                 self.save_checkpoint()
         bar.close()
         return self.history
+
+
+def _check_whole_groups(mb_groups: torch.Tensor, all_groups: torch.Tensor, loss: str, batching: str) -> None:
+    """A group-coupled loss needs every group of its mini-batch whole (e.g. trainer.batching=sequential)."""
+    ids, counts = torch.unique(mb_groups, return_counts=True)
+    full = torch.stack([(all_groups == g).sum() for g in ids])
+    if not torch.equal(counts.cpu(), full.cpu()):
+        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group, but batching {batching!r} split a "
+                         "group across mini-batches; use trainer.batching=sequential with rollouts per mini-batch a "
+                         "multiple of the group size (or a group-preserving batching)")
 
 
 def _lookup(kind: str, entries: list[dict] | None) -> list[tuple[Callable, dict]]:
