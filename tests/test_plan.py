@@ -123,3 +123,47 @@ def test_plan_skips_benchmarks_without_a_stand_in(tmp_path):
     at_paper = build_plan({"scale": "paper", "papers": ["nulls"], "seeds": [0], "results": "r"}, cfg_dir,
                           validate=False)
     assert at_paper.skipped_tables == [] and at_paper.table_suites("nulls", "main") == ["bench-a", "bench-n", "bench-b"]
+
+
+OWN_SEEDS = {  # a paper with its own seeds at tiny and paper scale, sharing the run `dapo` (tiny-s) with NULL_PAPER
+    "paper": "own",
+    "backbones": {"Small": {"tiny": "tiny-s", "paper": "small"}},
+    "benchmarks": {"A": {"tiny": "medium", "paper": "bench-a"}},
+    "runs": {"dapo": {"method": "dapo"}, "solo": {"method": "dapo", "overrides": ["trainer.mini_batches=2"]}},
+    "seeds": {"tiny": [2, 0, 1], "paper": [5]},
+    "tables": {"t1": {"columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"},
+                                  {"name": "Steps", "metric": "steps_to", "threshold": 0.7}],
+                      "rows": [{"label": "DAPO", "backbone": "Small", "run": "dapo"},
+                               {"label": "Solo", "backbone": "Small", "run": "solo"}]}},
+    "figures": {"clouds": {"kind": "token_credit", "backbone": "Small", "run": "solo"}},
+}
+
+
+def test_per_paper_seeds_reach_the_plan(tmp_path):
+    cfg_dir = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, cfg_dir)
+    (cfg_dir / "papers" / "nulls.yaml").write_text(yaml.safe_dump(NULL_PAPER, sort_keys=False))
+    (cfg_dir / "papers" / "own.yaml").write_text(yaml.safe_dump(OWN_SEEDS, sort_keys=False))
+    pipe = {"scale": "tiny", "papers": ["nulls", "own"], "seeds": [0], "results": "r"}
+    plan = build_plan(pipe, cfg_dir, validate=False)
+    assert plan.seeds == [0] and plan.paper_seeds("nulls") == [0] and plan.paper_seeds("own") == [2, 0, 1]
+    assert [(r.key, d) for r, d in plan.table_evals("own", "t1")] == [
+        (f"tiny/tiny-s/{run}/s{s}", None) for run in ("dapo", "solo") for s in (2, 0, 1)]
+    assert [r.seed for r in plan.table_runs("own", "t1")] == [2, 0, 1, 2, 0, 1]
+    assert [r.key for r, _ in plan.table_evals("nulls", "main")] == [  # the pipeline's seeds
+        "tiny/tiny-s/base/s0", "tiny/tiny-s/dapo/s0"]
+    # a run key of both papers is planned for the union of their seeds, tagged with the papers that use each
+    assert plan.get("tiny-s", "dapo", 0).papers == ["nulls", "own"]
+    assert plan.get("tiny-s", "dapo", 2).papers == ["own"] and plan.get("tiny-s", "dapo", 2).tables == ["own/t1"]
+    assert "tiny/tiny-s/base/s2" not in plan.runs  # nulls' base row: the pipeline's seed only
+    assert plan.get("tiny-s", "solo", 2).tables == ["own/t1"]  # the token_credit figure's run: first seed 2
+    with pytest.raises(PlanError, match=r"unknown paper 'nope'; planned papers: \['nulls', 'own'\]"):
+        plan.paper_seeds("nope")
+    more = build_plan(pipe | {"seeds": [0, 7]}, cfg_dir, validate=False)  # the pipeline's seeds: not own's
+    assert more.paper_seeds("own") == [2, 0, 1] and more.paper_seeds("nulls") == [0, 7]
+    assert "tiny/tiny-s/solo/s7" not in more.runs and "tiny/tiny-s/dapo/s7" in more.runs
+    at_paper = build_plan(pipe | {"scale": "paper"}, cfg_dir, validate=False)
+    assert at_paper.paper_seeds("own") == [5] and sorted(r.seed for r in at_paper.table_runs("own", "t1")) == [5, 5]
+    # a job of one run (CLI --seed) plans that seed for every paper, listed in a paper's seeds or not
+    one = build_plan(pipe | {"seeds": [9], "ignore_paper_seeds": True}, cfg_dir, validate=False)
+    assert one.get("tiny-s", "solo", 9).papers == ["own"] and one.paper_seeds("own") == [9]

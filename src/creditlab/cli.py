@@ -30,15 +30,20 @@ def _setup(cfg: dict[str, Any] | None = None) -> None:
 
 
 def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
-    """The pipeline config (configs/pipeline.yaml), with command-line overrides of scale/seeds."""
+    """The pipeline config (configs/pipeline.yaml), with command-line overrides of scale/seeds.
+
+    ``--seeds`` replaces the pipeline's seeds (a paper with its own `seeds` at the scale keeps them: that is
+    what its tables and figures use). A job of one run (``--seed``) plans that seed for every paper.
+    """
     with open(a.pipeline_config) as f:
         cfg = yaml.safe_load(f)
     if a.scale:
         cfg["scale"] = a.scale
     if getattr(a, "seeds", None):
         cfg["seeds"] = [int(s) for s in a.seeds.split(",")]
-    elif getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed)
-        cfg["seeds"] = [a.seed]
+    elif getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed,
+        cfg["seeds"] = [a.seed]                  # not even in a paper's own seeds)
+        cfg["ignore_paper_seeds"] = True
     if getattr(a, "papers", None) == "all":
         cfg["papers"] = all_papers()
     elif getattr(a, "papers", None):
@@ -249,7 +254,8 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
 
 
 def cmd_table(a: argparse.Namespace) -> None:
-    """Build one paper table (CSV + Markdown, ours ± CI beside the paper) and its training curves."""
+    """Build one paper table (CSV + Markdown, ours ± CI beside the paper) and its training curves, over the
+    paper's seeds (its own `seeds` at the scale, else the pipeline's)."""
     from creditlab.tables.build import build_table, write_table
     from creditlab.tables.figures import plot_training_curves
 
@@ -258,7 +264,8 @@ def cmd_table(a: argparse.Namespace) -> None:
     table = spec.table(a.table)
     k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
     fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=a.table)
-    df = build_table(spec, a.table, plan.scale, plan.seeds, Path(a.results) / plan.scale / "evals", k,
+    seeds = plan.paper_seeds(a.paper)
+    df = build_table(spec, a.table, plan.scale, seeds, Path(a.results) / plan.scale / "evals", k,
                      runs_dir=Path(a.results) / plan.scale / "runs")
     write_table(df, table, spec, paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill))
     series = {}
@@ -266,7 +273,7 @@ def cmd_table(a: argparse.Namespace) -> None:
         if row.run == BASE_RUN:
             continue
         backbone = spec.backbone_for(row.backbone, plan.scale)
-        for seed in plan.seeds:
+        for seed in seeds:
             series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
                 paths.RUN_METRICS, results=a.results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
     plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), title=f"{spec.title}: {a.table}")
@@ -329,11 +336,11 @@ def cmd_figure(a: argparse.Namespace) -> None:
 
 
 def _token_credit_figure(a: argparse.Namespace, plan, spec, fig, png: Path, fill: dict[str, Any]) -> None:
-    """DelTA's token clouds: top / bottom tokens by mean credit weight of the first seed's run."""
+    """DelTA's token clouds: top / bottom tokens by mean credit weight of the run of the paper's first seed."""
     from creditlab.tables.figures import plot_token_credit
     from creditlab.tables.token_credit import load_token_credit, overall_mean, rank_tokens, write_token_credit
 
-    run = plan.get(spec.backbone_for(fig.backbone, plan.scale), fig.run, plan.seeds[0])
+    run = plan.get(spec.backbone_for(fig.backbone, plan.scale), fig.run, plan.paper_seeds(a.paper)[0])
     rfill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
     data = load_token_credit(paths.fmt(paths.RUN_TOKEN_CREDIT, **rfill))
     done_path = paths.fmt(paths.RUN_DONE, **rfill)
@@ -379,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results", help="output root (default: results)")
     p.add_argument("--pipeline-config", default=str(CONFIG_DIR / "pipeline.yaml"))
     p.add_argument("--scale", default=None, help="tiny | micro (default: the pipeline config's)")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's); a paper "
+                                                  "with its own `seeds` at the scale keeps them")
     p.add_argument("--papers", default=None,
                    help="comma-separated papers, or `all` (every configs/papers/*.yaml; what Snakemake jobs use, so "
                         "that choosing papers re-runs nothing); default: the pipeline config's")

@@ -4,11 +4,15 @@
 into the unique runs (a run shared by several tables or papers is trained once) and validates every
 run's Hydra composition before any job starts, so an unknown method or key fails early with a
 message naming it and the valid choices.
+
+Seeds: every paper uses the pipeline's ``seeds`` unless its config sets its own at the plan's scale
+(``seeds: {tiny: [0, 1, 2]}``); its tables, figures and the runs they read then use those. A run key
+shared by papers with different seeds is planned for the union of their seeds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,7 @@ class Run:
 class Plan:
     scale: str
     seeds: list[int]
+    """The pipeline's seeds: those of every paper without its own `seeds` at this scale (see paper_seeds)."""
     papers: dict[str, PaperSpec]
     runs: dict[str, Run]
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
@@ -79,6 +84,12 @@ class Plan:
     def experiments(self) -> list[str]:
         return sorted({r.experiment for r in self.runs.values()})
 
+    def paper_seeds(self, paper: str) -> list[int]:
+        """The seeds `paper`'s tables and figures use: its own `seeds` at this scale, else the pipeline's."""
+        if paper not in self.papers:
+            raise PlanError(f"unknown paper {paper!r}; planned papers: {sorted(self.papers)}")
+        return self.papers[paper].seeds_at(self.scale, self.seeds)
+
     def get(self, backbone: str, run: str, seed: int) -> Run:
         key = run_key(self.scale, backbone, run, int(seed))
         if key not in self.runs:
@@ -86,13 +97,13 @@ class Plan:
         return self.runs[key]
 
     def table_runs(self, paper: str, table: str) -> list[Run]:
-        """The run of every row of a table, all seeds (a run of several rows repeats)."""
+        """The run of every row of a table, all the paper's seeds (a run of several rows repeats)."""
         spec = self.papers[paper]
         return [self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed)
-                for row in spec.table(table).rows for seed in self.seeds]
+                for row in spec.table(table).rows for seed in self.paper_seeds(paper)]
 
     def table_evals(self, paper: str, table: str) -> list[tuple[Run, str | None]]:
-        """(run, decoding or None) of every evaluation a table reads, all seeds.
+        """(run, decoding or None) of every evaluation a table reads, all the paper's seeds.
 
         Empty when no column of the table at this scale reads an evaluation (only step_time columns
         and benchmarks without a stand-in here).
@@ -101,7 +112,7 @@ class Plan:
         if not spec.needs_evals(table, self.scale):
             return []
         return [(self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode)
-                for row in spec.table(table).rows for seed in self.seeds]
+                for row in spec.table(table).rows for seed in self.paper_seeds(paper)]
 
     def table_suites(self, paper: str, table: str) -> list[str]:
         """The evaluation suites a table reads at this scale (benchmarks without a stand-in skipped)."""
@@ -130,9 +141,16 @@ def paper_config_path(paper: str, config_dir: Path = CONFIG_DIR) -> Path:
 
 
 def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate: bool = True) -> Plan:
-    """Expand the pipeline config into the unique runs of every table of the chosen papers."""
+    """Expand the pipeline config into the unique runs of every table of the chosen papers.
+
+    Each paper plans its own seeds at the scale (paper config ``seeds``) or the pipeline's. With
+    ``pipeline["ignore_paper_seeds"]`` true (the one-run CLI verbs, ``--seed``), every paper plans the
+    pipeline's seeds: a job of one run can be asked for any seed.
+    """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
+    if pipeline.get("ignore_paper_seeds"):
+        papers = {p: replace(spec, seeds={}) for p, spec in papers.items()}
     runs: dict[str, Run] = {}
 
     def add(pname: str, spec: PaperSpec, paper_backbone: str, name: str, seed: int, table: str | None) -> None:
@@ -153,14 +171,15 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
             prev.tables.append(f"{pname}/{table}")
 
     for pname, spec in papers.items():
+        paper_seeds = spec.seeds_at(scale, seeds)  # its own seeds at this scale, else the pipeline's
         for tname in spec.tables_at(scale):  # a table with no column at this scale plans no run
             for row in spec.tables[tname].rows:
-                for seed in seeds:
+                for seed in paper_seeds:
                     add(pname, spec, row.backbone, row.run, seed, tname)
-        for fname in spec.figures_at(scale):  # a run-based figure draws the first seed's run
+        for fname in spec.figures_at(scale):  # a run-based figure draws the paper's first seed's run
             fig = spec.figures[fname]
             if fig.run is not None:
-                add(pname, spec, fig.backbone, fig.run, seeds[0], None)
+                add(pname, spec, fig.backbone, fig.run, paper_seeds[0], None)
     decodes: dict[str, DecodeSpec] = {}
     for pname, spec in papers.items():
         for name, dec in spec.decodes.items():

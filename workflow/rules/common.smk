@@ -25,9 +25,15 @@ if config.get("mlflow_uri"):
     os.environ.update(MLFLOW_TRACKING_URI=config["mlflow_uri"])
 # Jobs plan with every paper config (`--papers all`) and the seed of their own run, so that choosing
 # papers or adding seeds re-runs no finished job (the command is a param, and params trigger re-runs);
-# only tables and figures, which average over seeds, get the seed list (SEEDS).
+# only tables and figures, which average over seeds, get a seed list: their paper's (`paper_seeds`).
 CLI = f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} --papers all"
-SEEDS = ",".join(map(str, PLAN.seeds))
+
+
+def paper_seeds(wildcards):
+    """The seeds of a paper's tables and figures, comma-joined: its own `seeds` at this scale, else the
+    pipeline's. A param (re-run trigger) that is a function of the paper: changing one paper's seeds
+    re-runs only that paper's tables and figures; changing the pipeline's, only the papers using them."""
+    return ",".join(map(str, PLAN.paper_seeds(wildcards.paper)))
 
 
 def at_scale(pattern):
@@ -49,13 +55,13 @@ def all_tables():
 
 def figure_paths(paper, name):
     """Where a paper figure lands: its own PNG (token_credit: and its .md/.csv table), or the
-    diagnostics of a (backbone, run, seed)."""
+    diagnostics of a (backbone, run, the paper's first seed)."""
     spec = PLAN.papers[paper]
     fig = spec.figures[name]
     if fig.kind == "token_histograms":
         backbone = spec.backbone_for(fig.backbone, SCALE)
         return [str(paths.fmt(paths.DIAG_PNG, results=RESULTS, scale=SCALE, backbone=backbone, run=fig.run,
-                              seed=PLAN.seeds[0]))]
+                              seed=PLAN.paper_seeds(paper)[0]))]
     fill = dict(results=RESULTS, scale=SCALE, paper=paper, figure=name)
     patterns = [paths.FIGURE_PNG] + ([paths.FIGURE_MD, paths.FIGURE_CSV] if fig.kind == "token_credit" else [])
     return [str(paths.fmt(p, **fill)) for p in patterns]
@@ -97,11 +103,12 @@ def figure_params(wildcards):
 
 
 def token_credit_run(wildcards):
-    """A token_credit figure reads the token_credit.json of its run's first seed: the run's DONE marker."""
+    """A token_credit figure reads the token_credit.json of its run with the paper's first seed: that run's
+    DONE marker."""
     spec = PLAN.papers[wildcards.paper]
     fig = spec.figures[wildcards.figure]
     return str(paths.fmt(paths.RUN_DONE, results=RESULTS, scale=SCALE, backbone=spec.backbone_for(fig.backbone, SCALE),
-                         run=fig.run, seed=PLAN.seeds[0]))
+                         run=fig.run, seed=PLAN.paper_seeds(wildcards.paper)[0]))
 
 
 def model_of(wildcards):

@@ -21,7 +21,7 @@ rule table:
         log_for("table/{paper}/{table}"),
     params:
         cli=CLI,
-        seeds=SEEDS,
+        seeds=paper_seeds,
     conda:
         ENV
     shell:
@@ -45,7 +45,7 @@ rule figure:
         log_for("figure/{paper}/{figure}"),
     params:
         cli=CLI,
-        seeds=SEEDS,
+        seeds=paper_seeds,
         fig=figure_params,
     conda:
         ENV
@@ -72,7 +72,7 @@ rule token_credit_figure:
         log_for("figure/{paper}/{figure}"),
     params:
         cli=CLI,
-        seeds=SEEDS,
+        seeds=paper_seeds,
         fig=figure_params,
     conda:
         ENV

@@ -15,8 +15,16 @@ Values are fractions in the files and percentages in the tables, as in the paper
 
 A `step_time` column is a training cost, read from `{runs_dir}/{backbone}/{run}/s{seed}/metrics.jsonl`
 (`t_step` of every step, seconds): the mean over the steps of all seeds pooled, with a percentile
-bootstrap over steps; with `relative_to: <run>` the cell is the % difference vs that run on the same
-backbone (CI from the ratio of independent bootstrap means). A base-model row has no training: empty.
+bootstrap over steps; with `relative_to: <run>` the cell is the % difference (or, with `relative: ratio`,
+the ratio) vs that run on the same backbone (CI from the ratio of independent bootstrap means). A
+base-model row has no training: empty.
+
+A `steps_to` column (Paper E's compute to reach a threshold) reads the same files' `reward_mean`: per seed,
+the RL steps run until the EMA of the reward curve (tables.figures.ema) first reaches the column's
+`threshold` (1 + the 0-based step where it does); a seed that never reaches it is censored, counted at
+its N steps trained and flagged (`censored` column, `>` in the Markdown). The cell is the mean over seeds
+with a percentile bootstrap over seeds (none with one seed); `relative_to` compares the means as for
+step_time (`relative: ratio` -> `0.91x`).
 
 A benchmark without a stand-in at the table's scale (mapped to null) is left out: a column on it
 alone is omitted, a column over several benchmarks averages the mapped ones, and the Markdown says so.
@@ -37,7 +45,8 @@ import pandas as pd
 
 from creditlab import paths
 from creditlab.eval.metrics import bootstrap_average, bootstrap_ci, pass_at_k_per_question
-from creditlab.tables.spec import BASE_RUN, Column, PaperSpec, Row, TableSpec, resolve_metric
+from creditlab.tables.figures import curve, ema, read_jsonl
+from creditlab.tables.spec import BASE_RUN, TRAINING_METRICS, Column, PaperSpec, Row, TableSpec, resolve_metric
 
 N_BOOT = 2000
 ALPHA = 0.05
@@ -46,13 +55,18 @@ BOOT_SEED = 0
 LONG_COLUMNS = (
     "row", "paper_backbone", "backbone", "run", "column", "suites", "metric", "unit",
     "ours_mean", "ours_lo", "ours_hi", "n_questions", "n_steps", "seeds", "paper", "scale",
-    "left_out", "detail", "mlflow_run_ids", "run_keys", "commits", "configs", "sources",
+    "left_out", "detail", "censored", "ref_censored", "mlflow_run_ids", "run_keys", "commits", "configs",
+    "sources",
 )
 """Columns of the long table frame (one line per row x shown column), in CSV order.
 
-unit: "%" (accuracy), "s" (step_time) or "% vs <run>" (step_time relative_to <run>); n_questions /
-n_steps: what the CI resamples; left_out: the column's paper benchmarks without a stand-in at this
-scale (";"-joined); detail: for relative cells both mean step times; sources: the files read."""
+unit: "%" (accuracy), "s" (step_time), "steps" (steps_to), "% vs <run>" / "x vs <run>" (a training column
+with relative_to <run>, relative percent / ratio); n_questions / n_steps: what the CI resamples (steps_to:
+n_steps = the steps read, all seeds; its CI resamples the seeds, listed in `seeds`); left_out: the
+column's paper benchmarks without a stand-in at this scale (";"-joined); detail: for relative cells both
+means, for steps_to the value of every seed (`>N` = never reached in its N steps); censored: how many of
+the row's seeds never reached a steps_to threshold (counted at N: the mean is then a lower bound);
+ref_censored: the same for the relative_to run's seeds (0 for every other cell); sources: the files read."""
 
 _SEP = ";"  # joins several values (one per seed or suite) in one CSV field
 
@@ -123,6 +137,21 @@ class StepTimes:
         return float(self.values.mean())
 
 
+def _run_provenance(path: Path) -> dict[str, Any]:
+    """Provenance of a run's metrics.jsonl from its run dir: DONE (MLflow run id, run key, commit) and
+    config.yaml; the file itself as source."""
+    done, config = path.parent / "DONE", path.parent / "config.yaml"
+    prov: dict[str, Any] = {}
+    if done.is_file():
+        try:
+            prov = json.loads(done.read_text())
+        except json.JSONDecodeError:
+            warnings.warn(f"{done}: not valid JSON; training-metrics provenance left empty", stacklevel=3)
+    return {"provenance": {"mlflow_run_id": prov.get("mlflow_run_id"), "run_key": prov.get("run_key"),
+                           "commit": prov.get("commit"), "config": str(config) if config.is_file() else None},
+            "_path": str(path)}
+
+
 def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int]) -> StepTimes:
     """Pool the `t_step` values of `seeds`; provenance from each run dir's DONE (MLflow run id, run
     key, commit) and config.yaml, and the metrics.jsonl paths as sources."""
@@ -130,18 +159,81 @@ def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int
     for seed in seeds:
         path = run_metrics_path(Path(runs_dir), backbone, run, seed)
         values.append(read_step_times(path))
-        done, config = path.parent / "DONE", path.parent / "config.yaml"
-        prov: dict[str, Any] = {}
-        if done.is_file():
-            try:
-                prov = json.loads(done.read_text())
-            except json.JSONDecodeError:
-                warnings.warn(f"{done}: not valid JSON; step-time provenance left empty", stacklevel=2)
-        provs.append({"provenance": {"mlflow_run_id": prov.get("mlflow_run_id"), "run_key": prov.get("run_key"),
-                                     "commit": prov.get("commit"),
-                                     "config": str(config) if config.is_file() else None},
-                      "_path": str(path)})
+        provs.append(_run_provenance(path))
     return StepTimes(np.concatenate(values), _provenance(provs))
+
+
+def read_reward_curve(path: Path, key: str = "reward_mean") -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of `key` in a training metrics.jsonl, by step (a step logged twice keeps its last
+    record; a cut line is skipped with a warning). FileNotFoundError / ValueError naming the path when
+    there is nothing to read."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training metrics: {path} is missing")
+    steps, values = curve(read_jsonl(path), key)
+    if not steps:
+        raise ValueError(f"{path}: no step with a finite {key!r} (the training reward)")
+    return np.asarray(steps, dtype=int), np.asarray(values, dtype=float)
+
+
+def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold: float,
+                       smoothing: float) -> tuple[int, bool, int]:
+    """(steps, censored, trained): the RL steps run until the EMA of `values` (figures.ema, `smoothing`)
+    first reaches `threshold` (1 + the 0-based step where it does), or the steps trained N = 1 + the
+    last step, censored, if it never does."""
+    trained = int(max(steps)) + 1
+    for step, value in zip(steps, ema(list(values), smoothing)):
+        if value >= threshold:
+            return int(step) + 1, False, trained
+    return trained, True, trained
+
+
+@dataclass(frozen=True)
+class StepsTo:
+    """Steps to reach a training-reward threshold of one run on one backbone, one value per seed."""
+
+    seeds: tuple[int, ...]
+    values: np.ndarray
+    """Per seed: the steps run until the reward EMA reached the threshold, or N if it never did."""
+    censored: np.ndarray
+    """Per seed: True when the threshold was never reached (the value is then N, a lower bound)."""
+    trained: np.ndarray
+    """Per seed: N, the steps trained (1 + the last step logged)."""
+    provenance: dict[str, str]
+
+    @property
+    def mean(self) -> float:
+        return float(self.values.mean())
+
+    @property
+    def n_censored(self) -> int:
+        return int(self.censored.sum())
+
+    def text(self) -> str:
+        """The mean with its unit, `>` when a seed is censored (the mean is then a lower bound)."""
+        return f"{'>' if self.n_censored else ''}{_fmt_num(self.mean)} steps"
+
+    def per_seed(self) -> str:
+        """Every seed's value: `s0: 12, s1: >20` (`>N`: never reached in its N steps)."""
+        return ", ".join(f"s{seed}: {'>' if c else ''}{int(v)}"
+                         for seed, v, c in zip(self.seeds, self.values, self.censored))
+
+
+def load_steps_to(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], threshold: float,
+                  smoothing: float) -> StepsTo:
+    """Per seed, the steps until the EMA of the run's `reward_mean` reaches `threshold` (steps_to_threshold);
+    provenance as load_step_times."""
+    values, censored, trained, provs = [], [], [], []
+    for seed in seeds:
+        path = run_metrics_path(Path(runs_dir), backbone, run, seed)
+        steps, rewards = read_reward_curve(path)
+        value, cens, n = steps_to_threshold(steps, rewards, threshold, smoothing)
+        values.append(value)
+        censored.append(cens)
+        trained.append(n)
+        provs.append(_run_provenance(path))
+    return StepsTo(tuple(int(s) for s in seeds), np.asarray(values, dtype=float), np.asarray(censored, dtype=bool),
+                   np.asarray(trained, dtype=int), _provenance(provs))
 
 
 def _boot_means(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -149,15 +241,45 @@ def _boot_means(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return x[rng.integers(0, len(x), size=(N_BOOT, len(x)))].mean(axis=1)
 
 
-def step_time_stats(row: StepTimes, ref: StepTimes | None = None) -> tuple[float, float, float]:
+def _as_relative(ratio: float | np.ndarray, relative: str) -> float | np.ndarray:
+    """A ratio x / x_ref as the cell shows it: itself (`ratio`) or 100 (ratio - 1) (`percent`)."""
+    if relative not in ("percent", "ratio"):
+        raise ValueError(f"unknown relative mode {relative!r}; choices: ['percent', 'ratio']")
+    return ratio if relative == "ratio" else 100.0 * (ratio - 1.0)
+
+
+def _ratio_stats(row: np.ndarray, ref: np.ndarray, relative: str) -> tuple[float, float, float]:
+    """(value, lo, hi) of mean(row) / mean(ref) as `relative`; CI: percentiles of the ratio of independent
+    bootstrap means of both (NaN when either has a single value: nothing to resample)."""
+    value = float(_as_relative(row.mean() / ref.mean(), relative))
+    if len(row) < 2 or len(ref) < 2:
+        return value, float("nan"), float("nan")
+    rng = np.random.default_rng(BOOT_SEED)
+    ratio = _boot_means(row, rng) / _boot_means(ref, rng)
+    lo, hi = np.quantile(_as_relative(ratio, relative), [ALPHA / 2, 1 - ALPHA / 2])
+    return value, float(lo), float(hi)
+
+
+def step_time_stats(row: StepTimes, ref: StepTimes | None = None, relative: str = "percent"
+                    ) -> tuple[float, float, float]:
     """(mean, lo, hi): seconds per step with a bootstrap CI over steps; with `ref`, the % difference
-    100 (mean / mean_ref - 1) with the CI of that ratio over independent bootstraps of both runs."""
+    100 (mean / mean_ref - 1) (`relative="ratio"`: mean / mean_ref) with the CI of that ratio over
+    independent bootstraps of both runs."""
     if ref is None:
         return bootstrap_ci(row.values, n_boot=N_BOOT, alpha=ALPHA, seed=BOOT_SEED)
-    rng = np.random.default_rng(BOOT_SEED)
-    ratio = _boot_means(row.values, rng) / _boot_means(ref.values, rng)
-    lo, hi = np.quantile(100.0 * (ratio - 1.0), [ALPHA / 2, 1 - ALPHA / 2])
-    return 100.0 * (row.mean / ref.mean - 1.0), float(lo), float(hi)
+    return _ratio_stats(row.values, ref.values, relative)
+
+
+def steps_to_stats(row: StepsTo, ref: StepsTo | None = None, relative: str = "percent"
+                   ) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean over seeds of the steps to the threshold (censored seeds counted at N) with
+    a percentile bootstrap CI over seeds (NaN with one seed); with `ref`, the ratio of the means as
+    `relative` (percent / ratio), CI from independent bootstraps over both runs' seeds."""
+    if ref is not None:
+        return _ratio_stats(row.values, ref.values, relative)
+    if len(row.values) < 2:
+        return row.mean, float("nan"), float("nan")
+    return bootstrap_ci(row.values, n_boot=N_BOOT, alpha=ALPHA, seed=BOOT_SEED)
 
 
 def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:
@@ -256,8 +378,8 @@ def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[i
     """One long-frame line; `cells` fill the computed fields (the others are empty)."""
     blank = {"suites": "", "metric": column.metric or "", "unit": "%", "ours_mean": float("nan"),
              "ours_lo": float("nan"), "ours_hi": float("nan"), "n_questions": 0, "n_steps": 0,
-             "left_out": "", "detail": "", "mlflow_run_ids": "", "run_keys": "", "commits": "",
-             "configs": "", "sources": ""}
+             "left_out": "", "detail": "", "censored": 0, "ref_censored": 0, "mlflow_run_ids": "",
+             "run_keys": "", "commits": "", "configs": "", "sources": ""}
     return {"row": row.label, "paper_backbone": row.backbone, "backbone": backbone, "run": row.run,
             "column": column.name, "seeds": _SEP.join(map(str, seeds)),
             "paper": row.paper.get(column.name, float("nan")), "scale": scale, **blank, **cells}
@@ -280,24 +402,62 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
                  left_out=_SEP.join(left_out), **_provenance(results))
 
 
+def _unit(column: Column) -> str:
+    """The long-frame unit of a training column: s / steps, or `% vs <run>` / `x vs <run>` when relative."""
+    if column.relative_to is None:
+        return "s" if column.metric == "step_time" else "steps"
+    return f"{'x' if column.relative == 'ratio' else '%'} vs {column.relative_to}"
+
+
+def _reference_value(column: Column) -> float:
+    """The cell of the relative_to run's own rows: ratio 1, difference 0 %."""
+    return 1.0 if column.relative == "ratio" else 0.0
+
+
 def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
                     times: StepTimes | None, ref: StepTimes | None) -> dict[str, Any]:
     """The line of a step_time cell (empty for the base model, which is not trained)."""
-    unit = "s" if column.relative_to is None else f"% vs {column.relative_to}"
+    unit = _unit(column)
     if times is None:
         return _line(row, backbone, column, scale, seeds, unit=unit)
     if column.relative_to is None:
         mean, lo, hi = step_time_stats(times)
         detail = ""
     elif row.run == column.relative_to:
-        mean, lo, hi = 0.0, 0.0, 0.0
+        mean = lo = hi = _reference_value(column)
         detail = f"reference: {times.mean:.3f} s"
     else:
         assert ref is not None
-        mean, lo, hi = step_time_stats(times, ref)
+        mean, lo, hi = step_time_stats(times, ref, column.relative)
         detail = f"{times.mean:.3f} s vs {ref.mean:.3f} s ({column.relative_to})"
     return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
                  n_steps=len(times.values), detail=detail, **times.provenance)
+
+
+def _steps_to_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
+                   value: StepsTo | None, ref: StepsTo | None) -> dict[str, Any]:
+    """The line of a steps_to cell (empty for the base model, which is not trained); censored seeds are
+    counted in `censored` (and the reference run's in `ref_censored`)."""
+    unit = _unit(column)
+    if value is None:
+        return _line(row, backbone, column, scale, seeds, unit=unit)
+    ref_censored = 0
+    if column.relative_to is None:
+        mean, lo, hi = steps_to_stats(value)
+        detail = value.per_seed()
+    elif row.run == column.relative_to:
+        mean = lo = hi = _reference_value(column)
+        detail = f"reference: {value.text()}; {value.per_seed()}"
+        ref_censored = value.n_censored
+    else:
+        assert ref is not None
+        mean, lo, hi = steps_to_stats(value, ref, column.relative)
+        detail = (f"{value.text()} vs {ref.text()} ({column.relative_to}); {value.per_seed()}; "
+                  f"{column.relative_to}: {ref.per_seed()}")
+        ref_censored = ref.n_censored
+    return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
+                 n_steps=int(value.trained.sum()), detail=detail, censored=value.n_censored,
+                 ref_censored=ref_censored, **value.provenance)
 
 
 def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], evals_dir: Path,
@@ -305,7 +465,8 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
     """Compute every cell of `paper`'s `table` at `scale` from the evaluations of `seeds`.
 
     `k` is the evaluation's k at that scale (it resolves the symbolic "avg@k" / "pass@k").
-    `runs_dir` holds the training runs (step_time columns; default: `evals_dir`'s sibling `runs`).
+    `seeds` are the paper's (Plan.paper_seeds: its own `seeds` at the scale, else the pipeline's).
+    `runs_dir` holds the training runs (step_time / steps_to columns; default: `evals_dir`'s sibling `runs`).
     Returns the long frame with LONG_COLUMNS, rows and the columns shown at `scale` in the spec's
     order (a column none of whose benchmarks has a stand-in at `scale` is omitted).
     """
@@ -320,11 +481,19 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
     runs_dir = Path(evals_dir).parent / "runs" if runs_dir is None else Path(runs_dir)
     cache: dict[tuple[str, str, int, str | None], dict[str, Any]] = {}
     times: dict[tuple[str, str], StepTimes] = {}
+    reached: dict[tuple[str, str, float, float], StepsTo] = {}
 
     def step_times(backbone: str, run: str) -> StepTimes:
         if (backbone, run) not in times:
             times[(backbone, run)] = load_step_times(runs_dir, backbone, run, seeds)
         return times[(backbone, run)]
+
+    def steps_to(backbone: str, run: str, column: Column) -> StepsTo:
+        assert column.threshold is not None and column.smoothing is not None
+        key = (backbone, run, column.threshold, column.smoothing)
+        if key not in reached:
+            reached[key] = load_steps_to(runs_dir, backbone, run, seeds, column.threshold, column.smoothing)
+        return reached[key]
 
     lines: list[dict[str, Any]] = []
     for row in spec.rows:
@@ -341,6 +510,11 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
                 lines.append(_eval_line(paper, spec, row, column, scale, seeds, results, k))
                 continue
             trained = row.run != BASE_RUN
+            if column.metric == "steps_to":
+                ref_st = steps_to(backbone, column.relative_to, column) if trained and column.relative_to else None
+                lines.append(_steps_to_line(row, backbone, column, scale, seeds,
+                                            steps_to(backbone, row.run, column) if trained else None, ref_st))
+                continue
             ref = step_times(backbone, column.relative_to) if trained and column.relative_to else None
             lines.append(_step_time_line(row, backbone, column, scale, seeds,
                                          step_times(backbone, row.run) if trained else None, ref))
@@ -365,20 +539,63 @@ def _fmt_signed(value: float) -> str:
     return "—" if _missing(value) else f"{value:+.2f}%"
 
 
+def _fmt_num(value: float) -> str:
+    """A count: an integer as is ("12"), otherwise two decimals ("12.33"); an em dash when missing."""
+    if _missing(value):
+        return "—"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def _fmt_ratio(value: float) -> str:
+    """A ratio with two decimals and an x ("0.91x"), or an em dash when missing."""
+    return "—" if _missing(value) else f"{value:.2f}x"
+
+
+def _count(value: Any) -> int:
+    """An integer field of a line (0 when missing: a CSV written before the field existed)."""
+    return 0 if _missing(value) else int(value)
+
+
 def _ours_cell(line: Any) -> str:
-    """Our cell in the wide table: mean [lo, hi] in the line's unit."""
-    unit = str(line.unit)
-    if line.metric == "step_time" and line.run == BASE_RUN:
-        return ""  # the base model is not trained: no step time
-    if unit.startswith("% vs"):
-        if isinstance(line.detail, str) and line.detail.startswith("reference"):
-            return f"{line.detail.replace('reference: ', 'reference (')})"
-        return f"{_fmt_signed(line.ours_mean)} [{_fmt_signed(line.ours_lo)}, {_fmt_signed(line.ours_hi)}]"
+    """Our cell in the wide table: mean [lo, hi] in the line's unit; steps_to cells marked when censored."""
+    unit, detail = str(line.unit), line.detail if isinstance(line.detail, str) else ""
+    if line.metric in TRAINING_METRICS and line.run == BASE_RUN:
+        return ""  # the base model is not trained: no step time, no training reward
+    steps_to = line.metric == "steps_to"
+    censored, ref_censored = _count(getattr(line, "censored", 0)), _count(getattr(line, "ref_censored", 0))
+    n_seeds = len(str(line.seeds).split(_SEP))
+    if " vs " in unit:
+        if detail.startswith("reference"):
+            return f"reference ({detail.split('; ')[0].removeprefix('reference: ')})"
+        fmt, ci_fmt = (_fmt_ratio, _fmt) if unit.startswith("x vs") else (_fmt_signed, _fmt_signed)
+        bound = ""
+        if censored and not ref_censored:
+            bound = ">"  # the row's mean is a lower bound: so is the ratio
+        elif ref_censored and not censored:
+            bound = "<"  # the reference's mean is a lower bound: the ratio is an upper bound
+        cell = f"{bound}{fmt(line.ours_mean)}"
+        if not (steps_to and _missing(line.ours_lo) and _missing(line.ours_hi)):
+            cell += f" [{ci_fmt(line.ours_lo)}, {ci_fmt(line.ours_hi)}]"
+        if censored and ref_censored:
+            cell += f" (censored: {censored}/{n_seeds} seeds, reference {ref_censored}/{n_seeds}: no bound)"
+        elif censored or ref_censored:
+            cell += f" (censored: {censored}/{n_seeds} seeds, reference {ref_censored}/{n_seeds})"
+        return cell
+    if steps_to:
+        cell = f"{'>' if censored else ''}{_fmt_num(line.ours_mean)}"
+        if censored < n_seeds and not (_missing(line.ours_lo) and _missing(line.ours_hi)):
+            cell += f" [{_fmt(line.ours_lo)}, {_fmt(line.ours_hi)}]"
+        if censored and n_seeds > 1:
+            cell += f" ({censored}/{n_seeds} censored)"
+        return cell
     return f"{_fmt(line.ours_mean)} [{_fmt(line.ours_lo)}, {_fmt(line.ours_hi)}]"
 
 
 def _paper_cell(line: Any) -> str:
-    return _fmt_signed(line.paper) if str(line.unit).startswith("% vs") else _fmt(line.paper)
+    unit = str(line.unit)
+    if unit.startswith("x vs"):
+        return _fmt_ratio(line.paper)
+    return _fmt_signed(line.paper) if unit.startswith("% vs") else _fmt(line.paper)
 
 
 def _md_table(header: list[str], lines: list[list[str]]) -> list[str]:
@@ -413,13 +630,21 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
                  df: pd.DataFrame) -> str:
     """One line describing how a column is computed at this scale."""
     column = spec.column(column_name)
+    if column.metric == "steps_to":
+        return _steps_to_note(column, scale, df)
     if column.is_training:
         what = (f"mean wall time per RL step (`t_step` of the run's training metrics.jsonl) in seconds, "
                 f"steps of all seeds pooled, 95% bootstrap CI over steps; base-model rows: empty (not trained)")
-        if column.relative_to is not None:
-            what = (f"% difference of the {what.split(' in seconds')[0]} vs run `{column.relative_to}` on "
+        ref = column.relative_to
+        if ref is not None and column.relative == "ratio":
+            what = (f"ratio of the {what.split(' in seconds')[0]} to run `{ref}`'s on the same backbone, "
+                    f"t / t_ref (`0.91x` = 9% less time per step); CI: percentiles of the ratio of bootstrap "
+                    f"means (steps of both runs resampled independently); the `{ref}` rows are the reference; "
+                    f"base-model rows: empty")
+        elif ref is not None:
+            what = (f"% difference of the {what.split(' in seconds')[0]} vs run `{ref}` on "
                     f"the same backbone, 100 (t / t_ref - 1); CI: percentiles of the ratio of bootstrap means "
-                    f"(steps of both runs resampled independently); the `{column.relative_to}` rows are the "
+                    f"(steps of both runs resampled independently); the `{ref}` rows are the "
                     f"reference; base-model rows: empty")
         if scale != "paper":
             what += f"; {scale}-scale CPU/GPU time of tiny models, not the paper's cluster cost"
@@ -439,6 +664,41 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
     if column.benchmarks:
         return f"- **{column.name}**: {metric}, {column.weighting} mean over {suites}{missing}"
     return f"- **{column.name}**: {metric} on {suites} (paper: {column.benchmark})"
+
+
+def _steps_to_note(column: Column, scale: str, df: pd.DataFrame) -> str:
+    """How a steps_to column is computed (threshold, smoothing, seeds, censoring, relative mode)."""
+    sub = df[df["column"] == column.name]
+    seeds = _single(sub, "seeds").replace(_SEP, ", ") if len(sub) else "?"
+    n_seeds = len(seeds.split(", "))
+    ci = ("95% percentile bootstrap CI over seeds" if n_seeds > 1
+          else "no CI: one seed (a CI needs several seeds: paper config `seeds`)")
+    smoothed = (f"the EMA (smoothing {column.smoothing:g}, debiased as in the training-curve figures) of"
+                if column.smoothing else "(no smoothing)")
+    what = (f"RL steps until {smoothed} the run's training `reward_mean` (mean verifier score of every rollout "
+            f"generated in a step, "
+            f"before any dynamic-sampling filter) first reaches **{column.threshold:g}**: 1 + the 0-based `step` "
+            f"of metrics.jsonl where it does (the steps run, that one included)")
+    censor = ("a seed that never reaches it is censored: counted at its N steps trained (the mean is then a "
+              "lower bound)")
+    ref = column.relative_to
+    if ref is None:
+        what += (f"; mean over seeds {seeds}, {ci}; {censor}, marked `>` (with `k/n censored` when several "
+                 f"seeds; CSV `censored` = how many)")
+    else:
+        how = ("ratio of the means s / s_ref (`0.91x` = 9% fewer steps)" if column.relative == "ratio"
+               else "% difference of the means, 100 (s / s_ref - 1)")
+        ci_rel = ("CI: percentiles of the ratio of independent bootstrap means over both runs' seeds"
+                  if n_seeds > 1 else "no CI: one seed")
+        what += (f", mean over seeds {seeds}, vs run `{ref}` on the same backbone: {how}; {ci_rel}; {censor}; "
+                 f"`>` = a lower bound (some of the row's seeds censored, CSV `censored`), `<` = an upper bound "
+                 f"(some of the reference's, CSV `ref_censored`), both: no bound; the `{ref}` rows are the reference")
+    what += ("; base-model rows: empty (not trained). It counts RL steps, not FLOPs or wall time: a costlier step "
+             "(see a step_time column) or a run with a larger batch per step spends more per step")
+    if scale != "paper":
+        what += (f"; {scale}-scale: tiny models on the synthetic task, with a threshold set for them, not the "
+                 f"paper's")
+    return f"- **{column.name}**: {what}"
 
 
 def _omitted_lines(paper: PaperSpec, spec: TableSpec, scale: str) -> list[str]:
@@ -517,12 +777,15 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
             ids += [""] if _missing(field) else str(field).split(_SEP)
         ids = _unique([i or "none (offline)" for i in ids])
         steps = _unique([s for s in _split(read[read["metric"] == "step_time"]["sources"])])
+        rewards = _unique([s for s in _split(read[read["metric"] == "steps_to"]["sources"])])
         line = (f"- {row.label} / {row.backbone} (`{first.backbone}`, run `{first.run}`, seeds "
                 f"{str(first.seeds).replace(_SEP, ', ')}): MLflow run ids {', '.join(ids)}; run keys "
                 f"{', '.join(f'`{r}`' for r in _unique(_split(read['run_keys'])))}; configs "
                 f"{', '.join(f'`{c}`' for c in _unique(_split(read['configs'])))}")
         if steps:
             line += f"; step times from {', '.join(f'`{s}`' for s in steps)}"
+        if rewards:
+            line += f"; training rewards from {', '.join(f'`{s}`' for s in rewards)}"
         lines.append(line)
     return lines
 
@@ -536,12 +799,22 @@ def table_markdown(df: pd.DataFrame, table: TableSpec, paper: PaperSpec) -> str:
     lines = [f"# {paper.title}: table `{table.name}`", "", _comparability_note(scale), ""]
     if table.caption:
         lines += [f"Paper caption: {table.caption}", ""]
+    if scale in paper.seeds:
+        lines += [f"Seeds {seeds}: this paper's own `seeds` at scale `{scale}` (its config), not the "
+                  f"pipeline's.", ""]
     if any(not c.is_training for c in columns):
         lines += [f"Our accuracy cells: mean in percent [95% percentile bootstrap CI over questions, {N_BOOT} "
                   f"resamples; suites resampled independently], seeds {seeds} averaged per question."]
-    if any(c.is_training for c in columns):
+    if any(c.metric == "step_time" for c in columns):
         lines += [f"Our step-time cells: seconds per RL step [95% percentile bootstrap CI over steps, "
-                  f"{N_BOOT} resamples], steps of seeds {seeds} pooled; relative cells in % (see Columns)."]
+                  f"{N_BOOT} resamples], steps of seeds {seeds} pooled; relative cells in % or x (see Columns)."]
+    if any(c.metric == "steps_to" for c in columns):
+        n_seeds = len(seeds.split(", "))
+        ci = (f"95% percentile bootstrap CI over seeds, {N_BOOT} resamples" if n_seeds > 1
+              else "no CI with a single seed")
+        lines += [f"Our steps-to-threshold cells: RL steps until the smoothed training reward first reaches the "
+                  f"column's threshold, mean over seeds {seeds} [{ci}]; `>` = a lower bound (a seed never "
+                  f"reached it: counted at its steps trained); relative cells in % or x (see Columns)."]
     lines += ["Paper cells: the paper's reported number at paper scale (— = not reported).", ""]
     lines += _omitted_lines(paper, table, scale)
     lines += _mapping_lines(paper, table, scale) + ["", "## Columns", ""]

@@ -139,6 +139,10 @@ def _y_label(column: str, unit: str) -> str:
     """Axis label of a table column from its long-frame unit."""
     if unit == "s":
         return f"{column} (s per RL step)"
+    if unit == "steps":
+        return f"{column} (RL steps to the threshold)"
+    if unit.startswith("x vs"):
+        return f"{column} (ratio {unit.removeprefix('x ')})"
     if unit.startswith("% vs"):
         return f"{column} ({unit})"
     return f"{column} (%)"
@@ -151,6 +155,8 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     (and paper backbone when the table has several) and coloured by backbone; a row without a value
     (e.g. the base model in a step_time column) is left out with a warning. At scale ``paper`` the
     paper's number is drawn as a black tick on its bar; at other scales it is not (not comparable).
+    A steps_to cell with censored seeds is hatched and its value annotated with the bound it is (``>``: a
+    lower bound, ``<``: an upper one, ``?``: none; see tables.build._ours_cell).
     """
     import pandas as pd
 
@@ -175,8 +181,12 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
         line = cell.iloc[0]
         label = f"{row.label}\n{row.backbone}" if several else row.label
         paper_value = line["paper"] if "paper" in cell else float("nan")
+        own, ref = (int(line[c]) if c in cell and not pd.isna(line[c]) else 0 for c in ("censored", "ref_censored"))
+        bound = ("?" if own and ref else ">" if own else "<" if ref else "")
+        if str(line.get("detail", "")).startswith("reference"):
+            bound = ""  # the reference rows of a relative column: 1x / 0% by definition
         bars.append((label, row.backbone, float(line["ours_mean"]), float(line["ours_lo"]),
-                     float(line["ours_hi"]), float(paper_value)))
+                     float(line["ours_hi"]), float(paper_value), bound))
     if not bars:
         raise ValueError(f"figure {figure.name!r}: no row of table {figure.table!r} has a {figure.y!r} value")
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(bars) + 1.5), 4.2))
@@ -186,9 +196,11 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     hi = np.array([b[4] for b in bars])
     err = np.nan_to_num(np.vstack([means - lo, hi - means]), nan=0.0).clip(min=0.0)
     colors = [f"C{backbones.index(b[1]) % 10}" for b in bars]
-    ax.bar(xs, means, yerr=err, capsize=4, color=colors, alpha=0.85)
-    for x, m, h in zip(xs, means, np.where(np.isnan(hi), means, hi)):
-        ax.annotate(f"{m:.2f}", (x, max(m, h)), ha="center", va="bottom", fontsize=7,
+    for patch, b in zip(ax.bar(xs, means, yerr=err, capsize=4, color=colors, alpha=0.85), bars):
+        if b[6]:
+            patch.set_hatch("//")
+    for x, m, h, b in zip(xs, means, np.where(np.isnan(hi), means, hi), bars):
+        ax.annotate(f"{b[6]}{m:.2f}", (x, max(m, h)), ha="center", va="bottom", fontsize=7,
                     xytext=(0, 2), textcoords="offset points")
     if scale == "paper":
         paper_pts = [(x, b[5]) for x, b in zip(xs, bars) if math.isfinite(b[5])]
@@ -197,6 +209,11 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
             ax.legend(fontsize=8)
     if unit.startswith("% vs"):
         ax.axhline(0.0, color="black", lw=0.8)
+    elif unit.startswith("x vs"):
+        ax.axhline(1.0, color="black", lw=0.8)
+    if any(b[6] for b in bars):
+        ax.text(0.01, 0.99, "hatched: censored seeds (> lower bound, < upper bound, ? none)", transform=ax.transAxes,
+                ha="left", va="top", fontsize=7)
     crowded = len(bars) > 4
     ax.set_xticks(xs, [b[0] for b in bars], rotation=30 if crowded else 0, ha="right" if crowded else "center",
                   fontsize=8)

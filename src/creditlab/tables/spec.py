@@ -3,8 +3,9 @@
 A paper config is data, not code: it maps the paper's backbones and benchmarks to our model
 configs and evaluation suites at each scale (a benchmark may map to null: no stand-in there), names
 the training runs, and declares each table (columns = benchmark x metric or a training cost, rows =
-runs, plus the numbers the paper reports) and figures. See `configs/papers/dlogp.yaml` for the format. Every validation error is a ValueError naming the
-file, the offending key and the valid choices, raised before any job starts.
+runs, plus the numbers the paper reports), figures and, optionally, its own seeds per scale. See
+`configs/papers/dlogp.yaml` for the format. Every validation error is a ValueError naming the file,
+the offending key and the valid choices, raised before any job starts.
 """
 
 from __future__ import annotations
@@ -24,16 +25,25 @@ EVAL_METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
 """Column metrics read from evaluations. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at
 the table's scale."""
 
-TRAINING_METRICS = ("step_time",)
+TRAINING_METRICS = ("step_time", "steps_to")
 """Column metrics read from a run's training metrics.jsonl: `step_time` = mean wall time per RL step
-(seconds). Such a column names no benchmark."""
+(seconds); `steps_to` = RL steps until the EMA of the training `reward_mean` first reaches the column's
+`threshold`. Such a column names no benchmark."""
+
+RELATIVE_MODES = ("percent", "ratio")
+"""How a `relative_to` cell compares a row with the reference run: `percent` = 100 (x / x_ref - 1)
+(`+2.10%`), `ratio` = x / x_ref (`0.91x`)."""
+
+STEPS_TO_SMOOTHING = 0.6
+"""Default EMA factor of a steps_to column (the training-curve figures' smoothing)."""
 
 METRICS = EVAL_METRICS + TRAINING_METRICS
 
 WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
-_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures")
+_TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures",
+             "seeds")
 FIGURE_KINDS = ("replacement_curves", "token_histograms", "bars", "token_credit")
 _FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run", "top", "min_count")
 _FIGURE_KIND_KEYS = {
@@ -49,7 +59,13 @@ TOKEN_CREDIT_MIN_COUNT = 20
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
 _TABLE_KEYS = ("caption", "columns", "rows")
-_COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to")
+_COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to", "relative",
+                "threshold", "smoothing")
+_TRAINING_COLUMN_KEYS = {
+    "step_time": ("name", "metric", "relative_to", "relative"),
+    "steps_to": ("name", "metric", "threshold", "smoothing", "relative_to", "relative"),
+}
+"""The keys each training-cost column takes (steps_to: `threshold` required)."""
 _ROW_KEYS = ("label", "backbone", "run", "decode", "paper")
 _DECODE_KEYS = ("criterion", "threshold", "gamma", "decode_with", "top_k_support")
 DECODE_CRITERIA = ("dlogp", "kl", "reverse_kl", "js", "entropy", "random")
@@ -70,11 +86,13 @@ class Column:
     """A table column: one metric on one or several benchmarks, the average of earlier columns, or a
     training cost.
 
-    Exactly one of `benchmark`, `benchmarks`, `average_of` is set, except for a `step_time` column
-    (metric in TRAINING_METRICS), which has none. `metric` is one of METRICS for benchmark and
-    step_time columns and None for `average_of` columns (each averaged column keeps its own).
-    `weighting` applies when several suites are averaged. `relative_to` (step_time only) names a run:
-    the cell is then the % difference of the row's step time vs that run's on the same backbone.
+    Exactly one of `benchmark`, `benchmarks`, `average_of` is set, except for a training-cost column
+    (metric in TRAINING_METRICS: step_time, steps_to), which has none. `metric` is one of METRICS for
+    benchmark and training columns and None for `average_of` columns (each averaged column keeps its
+    own). `weighting` applies when several suites are averaged. `relative_to` (training columns only)
+    names a run: the cell then compares the row's value with that run's on the same backbone, as a %
+    difference or a ratio (`relative`). `threshold` / `smoothing` (steps_to only): the training-reward
+    level to reach and the EMA factor applied to the reward curve first.
     """
 
     name: str
@@ -84,10 +102,13 @@ class Column:
     average_of: tuple[str, ...] | None = None
     weighting: str = "plain"
     relative_to: str | None = None
+    relative: str = "percent"
+    threshold: float | None = None
+    smoothing: float | None = None
 
     @property
     def is_training(self) -> bool:
-        """A column read from the runs' training metrics (no benchmark), e.g. step_time."""
+        """A column read from the runs' training metrics (no benchmark): step_time, steps_to."""
         return self.metric in TRAINING_METRICS
 
     @property
@@ -220,6 +241,14 @@ class PaperSpec:
     source: str = ""
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
     figures: dict[str, FigureSpec] = field(default_factory=dict)
+    seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The paper's own seeds per scale (``seeds: {tiny: [0, 1, 2]}``); a scale not listed uses the
+    pipeline's (see `seeds_at`)."""
+
+    def seeds_at(self, scale: str, default: Iterable[int]) -> list[int]:
+        """The seeds this paper's tables and figures use at `scale`: its own `seeds` there, else `default`
+        (the pipeline's)."""
+        return list(self.seeds[scale]) if scale in self.seeds else [int(s) for s in default]
 
     def backbone_for(self, paper_backbone: str, scale: str) -> str:
         """The model config name standing in for `paper_backbone` at `scale`."""
@@ -456,11 +485,15 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
     if name in names:
         chk.fail(f"{where}.name", f"duplicate column name {name!r}", names)
     kinds = [k for k in ("benchmark", "benchmarks", "average_of") if k in body]
+    if "metric" in body:  # an unknown metric first: it decides which keys the column takes
+        chk.choice(body["metric"], f"{where}.metric", METRICS)
     if body.get("metric") in TRAINING_METRICS:
         return _parse_training_column(chk, body, where, name, kinds, paper)
-    if "relative_to" in body:
-        chk.fail(f"{where}.relative_to", "relative_to applies to a training-cost column only",
-                 [f"metric: {m}" for m in TRAINING_METRICS])
+    for key in ("relative_to", "relative", "threshold", "smoothing"):
+        if key in body:
+            owners = TRAINING_METRICS if key.startswith("relative") else ("steps_to",)
+            kind = "training-cost" if key.startswith("relative") else "steps_to"
+            chk.fail(f"{where}.{key}", f"{key} applies to a {kind} column only", [f"metric: {m}" for m in owners])
     if len(kinds) != 1:
         chk.fail(where, f"a column needs exactly one of benchmark / benchmarks / average_of "
                  f"(only a {'/'.join(TRAINING_METRICS)} column has none), got {kinds}",
@@ -492,18 +525,44 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
 
 def _parse_training_column(chk: _Checker, body: dict, where: str, name: str, kinds: list[str],
                            paper: Mapping[str, Any]) -> Column:
-    """A training-cost column (step_time): no benchmark, no weighting, optional relative_to <run>."""
+    """A training-cost column (step_time, steps_to): no benchmark, no weighting, optional relative_to
+    <run> and relative (percent | ratio); steps_to needs a threshold and takes a smoothing."""
     metric = body["metric"]
+    allowed = _TRAINING_COLUMN_KEYS[metric]
     if kinds:
         chk.fail(f"{where}.{kinds[0]}", f"a {metric} column is a training cost of the row's run and "
-                 f"takes no benchmark / benchmarks / average_of", ("name", "metric", "relative_to"))
+                 f"takes no benchmark / benchmarks / average_of", allowed)
     if "weighting" in body:
-        chk.fail(f"{where}.weighting", f"a {metric} column averages no suites",
-                 ("name", "metric", "relative_to"))
+        chk.fail(f"{where}.weighting", f"a {metric} column averages no suites", allowed)
+    for key in body:
+        if key not in allowed:
+            chk.fail(f"{where}.{key}", f"a {metric} column takes no key {key!r}", allowed)
     relative_to = None
     if body.get("relative_to") is not None:
         relative_to = chk.choice(body["relative_to"], f"{where}.relative_to", paper["runs"])
-    return Column(name, metric=metric, relative_to=relative_to)
+    relative = "percent"
+    if "relative" in body:
+        relative = chk.choice(body["relative"], f"{where}.relative", RELATIVE_MODES)
+        if relative_to is None:
+            chk.fail(f"{where}.relative", "relative (percent | ratio) needs relative_to: <run>", paper["runs"])
+    threshold = smoothing = None
+    if metric == "steps_to":
+        if "threshold" not in body:
+            chk.fail(where, "a steps_to column needs a threshold (the training reward level to reach, "
+                     "e.g. 0.7)", allowed)
+        threshold = _finite_number(chk, body["threshold"], f"{where}.threshold")
+        smoothing = _finite_number(chk, body.get("smoothing", STEPS_TO_SMOOTHING), f"{where}.smoothing")
+        if not 0.0 <= smoothing < 1.0:
+            chk.fail(f"{where}.smoothing", f"expected an EMA factor in [0, 1) (0 = no smoothing), got {smoothing!r}")
+    return Column(name, metric=metric, relative_to=relative_to, relative=relative, threshold=threshold,
+                  smoothing=smoothing)
+
+
+def _finite_number(chk: _Checker, value: Any, where: str) -> float:
+    """Check that `value` is a finite number (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        chk.fail(where, f"expected a finite number, got {value!r}")
+    return float(value)
 
 
 def _check_relative_to(chk: _Checker, where: str, columns: list[Column], rows: list[Row]) -> None:
@@ -602,6 +661,7 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         chk.fail("tables", "expected a non-empty mapping of table name -> table")
     tables = {str(name): _parse_table(chk, paper, str(name), tbl, context)
               for name, tbl in body["tables"].items()}
+    scales = sorted({s for per_scale in backbones.values() for s in per_scale})
     return PaperSpec(
         paper=paper,
         title=str(body.get("title") or paper),
@@ -613,7 +673,32 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         source=source,
         decodes=decodes,
         figures=_parse_figures(chk, body.get("figures"), tables, context),
+        seeds=_parse_seeds(chk, body.get("seeds"), scales),
     )
+
+
+def _parse_seeds(chk: _Checker, data: Any, scales: list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse `seeds`: scale -> non-empty list of distinct non-negative integers (the paper's own seeds at
+    that scale; a scale not listed uses the pipeline's). The scales are those of `backbones`."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping) or not data:
+        chk.fail("seeds", f"expected a mapping scale -> list of seeds (e.g. {{tiny: [0, 1, 2]}}), got {data!r}",
+                 scales)
+    seeds: dict[str, tuple[int, ...]] = {}
+    for scale, values in data.items():
+        where = f"seeds.{scale}"
+        chk.choice(scale, where, scales)
+        if not isinstance(values, list) or not values:
+            chk.fail(where, f"expected a non-empty list of seeds (non-negative integers), got {values!r}")
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                chk.fail(f"{where}[{i}]", f"expected a non-negative integer seed, got {value!r}")
+        if len(set(values)) != len(values):
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            chk.fail(where, f"duplicate seed(s) {dupes} in {values}")
+        seeds[str(scale)] = tuple(values)
+    return seeds
 
 
 def _parse_figures(chk: _Checker, data: Any, tables: Mapping[str, TableSpec], paper: Mapping[str, Any]
