@@ -33,3 +33,12 @@ def test_group_coupled_loss_refuses_scattered_groups(tmp_path):
     t = make_trainer("dfpo", tmp_path, ["trainer.batching=random", "trainer.mini_batches=2"])
     with pytest.raises(ValueError, match="split a group"):
         t.train_step(0)
+
+
+def test_table_curves_key_is_validated_and_used():
+    from creditlab.plan import CONFIG_DIR
+    from creditlab.tables.spec import load_paper
+
+    spec = load_paper(CONFIG_DIR / "papers" / "dfpo.yaml")
+    assert "cancel_rel_residual" in spec.table("main").curves
+    assert spec.table("compute").curves == ("reward_mean", "response_len_mean", "entropy_mean")

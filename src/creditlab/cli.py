@@ -276,7 +276,8 @@ def cmd_table(a: argparse.Namespace) -> None:
         for seed in seeds:
             series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
                 paths.RUN_METRICS, results=a.results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
-    plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), title=f"{spec.title}: {a.table}")
+    plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), keys=table.curves,
+                         title=f"{spec.title}: {a.table}")
 
 
 def cmd_diagnose(a: argparse.Namespace) -> None:

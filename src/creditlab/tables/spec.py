@@ -58,7 +58,7 @@ TOKEN_CREDIT_TOP = 15
 TOKEN_CREDIT_MIN_COUNT = 20
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
-_TABLE_KEYS = ("caption", "columns", "rows")
+_TABLE_KEYS = ("caption", "columns", "rows", "curves")
 _COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to", "relative",
                 "threshold", "smoothing")
 _TRAINING_COLUMN_KEYS = {
@@ -194,6 +194,8 @@ class TableSpec:
     caption: str
     columns: tuple[Column, ...]
     rows: tuple[Row, ...]
+    curves: tuple[str, ...] = ("reward_mean", "response_len_mean", "entropy_mean")
+    """Training metrics (keys of the runs' metrics.jsonl) plotted in the table's training-curves figure."""
 
     def column(self, name: str) -> Column:
         """The column called `name` (ValueError naming the choices otherwise)."""
@@ -644,7 +646,8 @@ def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
         rows.append(row)
     _check_relative_to(chk, where, columns, rows)
     caption = " ".join(str(body.get("caption") or "").split())
-    return TableSpec(paper_name, str(name), caption, tuple(columns), tuple(rows))
+    extra = {"curves": chk.strings(body["curves"], f"{where}.curves")} if "curves" in body else {}
+    return TableSpec(paper_name, str(name), caption, tuple(columns), tuple(rows), **extra)
 
 
 def parse_paper(data: Any, source: str) -> PaperSpec:
