@@ -42,8 +42,9 @@ def delta_results(micro_results) -> Path:
     """Paper B's transfer table and both figures on top of Paper A's results (its diagnostics rows are
     one trainer step each in tests/test_credit_delta.py; the whole DAG is `make run`)."""
     targets = [str(micro_results / f"micro/{t}") for t in (
-        "tables/delta/transfer.csv", "figures/delta/figure_token_selection.png", "figures/delta/figure_token_clouds.png")]
-    proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta")
+        "tables/delta/transfer.csv", "figures/delta/figure_token_selection.png", "figures/delta/figure_token_clouds.png",
+        "tables/dfpo/compute.csv")]
+    proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta,dfpo")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return micro_results
 
@@ -68,6 +69,19 @@ def test_delta_transfer_table_figures_and_tracking(delta_results):
         n = db.execute("select count(*) from runs r join experiments e on r.experiment_id = e.experiment_id "
                        "where e.name = 'delta' and r.status = 'FINISHED'").fetchone()[0]
         assert n >= 9  # 6 transfer runs + 3 selection runs
+
+
+def test_dfpo_compute_table_from_training_metrics_only(delta_results):
+    """Paper E's compute-to-threshold table reads training metrics only: no evaluation job ran for it."""
+    df = pd.read_csv(delta_results / "micro/tables/dfpo/compute.csv")
+    assert set(df["row"]) == {"GRPO", "GSPO", "GRPO-fix", "DFPO"}
+    steps = df[df["column"] == "Steps to reward"]
+    assert (steps["ours_mean"] >= 1).all() and (steps["ours_mean"] <= 4).all()  # 4 micro steps (censored at 4)
+    assert not (delta_results / "micro/evals/micro-s/dfpo").exists()
+    rows = [json.loads(x) for x in (delta_results / "micro/runs/micro-s/dfpo/s0/metrics.jsonl").read_text().splitlines()]
+    assert all("cancel_rel_residual" in r for r in rows)
+    coefs = [r["cancel_group_coef_rel"] for r in rows if r["cancel_group_coef_rel"] == r["cancel_group_coef_rel"]]
+    assert all(abs(c) < 1e-6 for c in coefs)  # DFPO cancels in every mini-batch (nan: no gradient that step)
 
 
 def test_table_has_every_row_with_ci_and_provenance(micro_results):
