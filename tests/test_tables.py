@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from table_helpers import cell as _cell
 from creditlab.tables.build import (
     LONG_COLUMNS,
     build_table,
@@ -186,12 +187,6 @@ def evals(tmp_path: Path) -> Path:
         write_eval(evals_dir, "tiny-s", run, 0, SEED0)
         write_eval(evals_dir, "tiny-s", run, 1, SEED1)
     return evals_dir
-
-
-def _cell(df: pd.DataFrame, row: str, column: str) -> pd.Series:
-    sub = df[(df["row"] == row) & (df["column"] == column)]
-    assert len(sub) == 1
-    return sub.iloc[0]
 
 
 def _pass(n: int, c: int, k: int) -> float:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
 from creditlab.tables.build import (
@@ -137,11 +138,6 @@ def results(tmp_path: Path) -> Path:
     return root
 
 
-def _cell(df: pd.DataFrame, row: str, column: str) -> pd.Series:
-    sub = df[(df["row"] == row) & (df["column"] == column)]
-    assert len(sub) == 1, (row, column)
-    return sub.iloc[0]
-
 
 # ----------------------------------------------------------------------------------------------
 # spec: null mappings, step_time columns, figure kinds
@@ -173,19 +169,6 @@ def test_null_mapping_and_scale_views():
     assert (_paper(data).figures["clouds"].top, _paper(data).figures["clouds"].min_count) == (15, 20)
 
 
-def _edit(path: list, value):
-    def mutate(data: dict) -> None:
-        target = data
-        for key in path[:-1]:
-            target = target[key]
-        if value is _DELETE:
-            del target[path[-1]]
-        else:
-            target[path[-1]] = value
-    return mutate
-
-
-_DELETE = object()
 COLS = ["tables", "main", "columns"]
 B_ERRORS = {
     "step_time with a benchmark": (_edit([*COLS, 5, "benchmark"], "A"), "columns[5] (Step time (s)).benchmark",

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
 from creditlab.tables.build import (
@@ -116,11 +117,6 @@ def results(tmp_path: Path) -> Path:
     return root
 
 
-def _cell(df: pd.DataFrame, row: str, column: str) -> pd.Series:
-    sub = df[(df["row"] == row) & (df["column"] == column)]
-    assert len(sub) == 1, (row, column)
-    return sub.iloc[0]
-
 
 # ----------------------------------------------------------------------------------------------
 # spec: seeds and steps_to columns
@@ -143,19 +139,6 @@ def test_paper_seeds_parse_and_default():
     assert not te.needs_evals("compute", "tiny") and te.table("compute").leaves(col) == []
 
 
-def _edit(path: list, value):
-    def mutate(data: dict) -> None:
-        target = data
-        for key in path[:-1]:
-            target = target[key]
-        if value is _DELETE:
-            del target[path[-1]]
-        else:
-            target[path[-1]] = value
-    return mutate
-
-
-_DELETE = object()
 COLS = ["tables", "compute", "columns"]
 E_ERRORS = {
     "seeds not a mapping": (_edit(["seeds"], [0, 1]), "seeds", "expected a mapping scale -> list of seeds"),
