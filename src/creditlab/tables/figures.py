@@ -81,21 +81,23 @@ def plot_training_curves(series: Mapping[str, Path], out_png: Path,
                 _warn(f"{series[label]}: no {key!r} values with a step; "
                       f"{label!r} left out of that plot")
                 continue
-            color = f"C{i % 10}"
+            color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
             if smoothing > 0:
                 ax.plot(steps, values, color=color, alpha=0.25, linewidth=1.0)
             ax.plot(steps, ema(values, smoothing), color=color, linewidth=1.6, label=label)
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    # one legend for the figure, right of the plots (per-axis legends hide the curves when runs are many)
+    handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=DPI, format="png")
+    fig.savefig(out_png, dpi=DPI, format="png", bbox_inches="tight")
     plt.close(fig)
     return out_png
 
