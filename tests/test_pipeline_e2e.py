@@ -24,8 +24,9 @@ def _snakemake(*args: str, results: Path, timeout: int = 900, papers: str = "dlo
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # own working directory: no lock shared with a user's run in the repository
+    # targets and flags before --config, which takes every following word as a key=value pair
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(results.parent), "--cores", "2",
-           "--config", "scale=micro", f"results={results}", f"papers=[{papers}]", *args]
+           *args, "--config", "scale=micro", f"results={results}", f"papers=[{papers}]"]
     return subprocess.run(cmd, cwd=results.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
