@@ -42,3 +42,21 @@ def test_table_curves_key_is_validated_and_used():
     spec = load_paper(CONFIG_DIR / "papers" / "dfpo.yaml")
     assert "cancel_rel_residual" in spec.table("main").curves
     assert spec.table("compute").curves == ("reward_mean", "response_len_mean", "entropy_mean")
+
+
+def test_trainer_diagnostic_gradient_equals_the_loss_only_autograd():
+    """The trainer reads d loss / d logp off its one backward (retain_grad); it equals autograd on the loss
+    alone (algos.cancellation.loss_token_coefficients), through a model forward."""
+    import torch
+
+    from creditlab.algos import registry
+    from creditlab.algos.cancellation import loss_token_coefficients
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 5, generator=g, requires_grad=True)
+    logp = torch.log_softmax(torch.randn(4, 6, 3, generator=g) @ w, -1)[..., 0]  # [4, 6] through "a model"
+    old, adv, mask = logp.detach() + 0.05 * torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g), torch.ones(4, 6)
+    loss_fn = registry.get("policy_loss", "dapo")
+    logp.retain_grad()
+    loss_fn(logp, old, adv, mask)[0].backward()
+    torch.testing.assert_close(logp.grad, loss_token_coefficients(loss_fn, logp, old, adv, mask))

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
-from creditlab.algos.cancellation import cancellation_residual, loss_token_coefficients
+from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.data.schema import render_prompt
 from creditlab.engines.local.batch import pack, response_forward
@@ -282,13 +282,13 @@ class Trainer:
                     new = response_forward(self.model, mb)
                 args = (old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T])
                 loss, st = self.loss_fn(new.logp, *args, **loss_kwargs)
-                # cancellation diagnostic (Paper E): do the per-token loss gradients of tokens shared within
-                # a group cancel? d loss / d logp by autograd on the loss alone (no model backward)
-                g = loss_token_coefficients(self.loss_fn, new.logp, *args, **loss_kwargs)
-                res = cancellation_residual(g, mb.responses.to(self.device), args[2], group_ids[idx].to(self.device))
-                st = st | {"cancel_rel_residual": res["rel_residual"], "cancel_group_coef_rel": res["group_coef_rel"]}
+                new.logp.retain_grad()  # d loss / d logp_{i,t}, read off the one backward below
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
+                # cancellation diagnostic (Paper E): do the per-token gradients of tokens shared within a group cancel?
+                res = cancellation_residual(new.logp.grad, mb.responses.to(self.device), args[2],
+                                            group_ids[idx].to(self.device))
+                st = st | {"cancel_rel_residual": res["rel_residual"], "cancel_group_coef_rel": res["group_coef_rel"]}
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
                 self.opt.step()
                 stats.append(st | {"loss": loss.item(), "grad_norm": float(grad_norm)})
