@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
+from creditlab.algos.batching import RewardBalancedBuffer, call_batching, sign_counts
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.data.schema import render_prompt
@@ -121,6 +122,10 @@ class Trainer:
         vocab = self.model.get_output_embeddings().weight.shape[0]
         # mean credit weight per token id over every valid generated token (DelTA's token clouds)
         self.token_credit = torch.zeros(2, vocab, dtype=torch.float64)  # [sum of weights; count]
+        rb = t.get("reward_balance") or {}
+        # reward-balanced batching (Paper C): groups wait in a buffer until a sign-balanced batch exists
+        self.rb_buffer = (RewardBalancedBuffer(t["prompts_per_step"], rb["rho"], rb["max_age"])
+                          if rb.get("enable") else None)
         self.step = 0
         self._t_reward = 0.0
         self.history: list[dict[str, float]] = []
@@ -140,6 +145,7 @@ class Trainer:
             "scheduler": self.sched.state_dict(),
             "history": self.history,
             "token_credit": self.token_credit,
+            "rb_buffer": None if self.rb_buffer is None else self.rb_buffer.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
         tmp = self._ckpt_path.with_suffix(".tmp")
@@ -156,6 +162,8 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.history = state["step"], state["history"]
         self.token_credit = state.get("token_credit", self.token_credit)
+        if self.rb_buffer is not None and state.get("rb_buffer") is not None:
+            self.rb_buffer.load_state_dict(state["rb_buffer"])
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
@@ -228,7 +236,10 @@ class Trainer:
             response_len_mean=float(np.mean(lens)) if lens else float("nan"),
             truncated_frac=float(np.mean([not f for f in ro.finished])) if ro.finished else float("nan"),
         )
-        if not ro.responses:  # dynamic sampling found nothing informative: no update this step
+        if self.rb_buffer is not None:  # reward-balanced batching: train on a balanced batch of the buffer
+            ro, rb_stats = self._reward_balance(step, ro)
+            metrics.update(rb_stats)
+        if ro is None or not ro.responses:  # nothing to train on (dynamic sampling / RB deferral): no update
             return metrics | {"t_step": time.perf_counter() - t0, "skipped": 1.0}
         metrics.update(self.learn(step, ro))
         metrics.update(t_gen=t_gen, t_reward=self._t_reward, t_step=time.perf_counter() - t0)
@@ -272,7 +283,9 @@ class Trainer:
         stats: list[dict[str, float]] = []
         loss_kwargs = dict(m.get("loss_kwargs") or {})
         for _ in range(t["ppo_epochs"]):
-            for idx in self.batching_fn(group_ids, t["mini_batches"], gen):
+            lengths, n_ranks = mask.sum(-1).long().cpu(), int(t.get("dp_ranks", 1))
+            for idx in call_batching(self.batching_fn, group_ids, t["mini_batches"], gen, lengths=lengths,
+                                     advantages=adv, n_ranks=n_ranks):
                 mb = batch.select(idx)
                 T = mb.response_len
                 if self.loss_takes_groups:  # group-coupled losses (GRPO-fix, DFPO) see whole groups only
@@ -312,6 +325,30 @@ class Trainer:
         )
         return metrics
 
+    def _reward_balance(self, step: int, ro: Rollouts) -> tuple[Rollouts | None, dict[str, float]]:
+        """Add this step's groups to the RB buffer; return a balanced batch of it (groups renumbered
+        0..n-1) or None (defer the update), and the buffer's statistics."""
+        rb = self.tcfg["reward_balance"]
+        gids = torch.tensor(ro.group_ids, dtype=torch.long)
+        if rb["sign"] == "advantage":
+            values = self.advantage_fn(torch.tensor(ro.rewards, dtype=torch.float32), gids,
+                                       **(self.mcfg.get("advantage_kwargs") or {}))
+            thr = 0.0
+        elif rb["sign"] == "reward":
+            values, thr = torch.tensor(ro.scores, dtype=torch.float32), float(rb["reward_threshold"])
+        else:
+            raise ValueError(f"trainer.reward_balance.sign must be 'advantage' or 'reward', got {rb['sign']!r}")
+        for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
+            rows = [i for i, x in enumerate(ro.group_ids) if x == g]
+            self.rb_buffer.add(_subset(ro, rows), n_pos, n_neg, size, step)
+        chosen, stats = self.rb_buffer.select(step)
+        if chosen is None:
+            return None, stats
+        for k, part in enumerate(chosen):  # groups of different steps may share a prompt: renumber
+            part.group_ids = [k] * len(part.group_ids)
+        fields = Rollouts.__dataclass_fields__
+        return Rollouts(**{f: [x for p in chosen for x in getattr(p, f)] for f in fields}), stats
+
     def _accumulate_token_credit(self, responses: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> None:
         valid = mask.bool().cpu()
         ids = responses[valid].cpu()
@@ -350,8 +387,8 @@ def _check_whole_groups(mb_groups: torch.Tensor, all_groups: torch.Tensor, loss:
     full = torch.stack([(all_groups == g).sum() for g in ids])
     if not torch.equal(counts.cpu(), full.cpu()):
         raise ValueError(f"policy loss {loss!r} couples the rollouts of a group, but batching {batching!r} split a "
-                         "group across mini-batches; use trainer.batching=sequential with rollouts per mini-batch a "
-                         "multiple of the group size (or a group-preserving batching)")
+                         "group across mini-batches; use trainer.batching=query_preserved (or sequential with rollouts per "
+                         "mini-batch a multiple of the group size)")
 
 
 def _lookup(kind: str, entries: list[dict] | None) -> list[tuple[Callable, dict]]:
@@ -364,6 +401,10 @@ def _informative_frac(rewards: list[float], G: int) -> float:
     return float(np.mean([max(g) > min(g) for g in groups])) if groups else 0.0
 
 
+def _subset(ro: Rollouts, rows: list[int]) -> Rollouts:
+    return Rollouts(*[[getattr(ro, f)[j] for j in rows] for f in Rollouts.__dataclass_fields__])
+
+
 class _Filtered:
     """Accumulates the informative groups (score std > 0) of several rollout batches."""
 
@@ -373,8 +414,7 @@ class _Filtered:
     def add_informative(self, ro: Rollouts, G: int) -> None:
         s = ro.scores  # DAPO filters on accuracy (the raw score), not on the shaped reward
         keep = [i for i in range(0, len(s), G) if max(s[i : i + G]) > min(s[i : i + G])]
-        rows = [j for i in keep for j in range(i, i + G)]
-        self.parts.append(Rollouts(*[[getattr(ro, f)[j] for j in rows] for f in Rollouts.__dataclass_fields__]))
+        self.parts.append(_subset(ro, [j for i in keep for j in range(i, i + G)]))
 
     def n_groups(self, G: int) -> int:
         return sum(len(p.rewards) for p in self.parts) // G

@@ -1,0 +1,251 @@
+"""Paper C batching: query-preserved partitions, token-balanced (verl) order, sign partitions and the
+reward-balanced buffer. Property tests (hypothesis) of the invariants the issue names."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from creditlab.algos import registry
+from creditlab.algos.batching import RewardBalancedBuffer, call_batching, partition_bins, sign_counts
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@st.composite
+def rollout_batches(draw):
+    """group sizes (1..8), a token length per rollout, mini-batches M, ranks R, a seed."""
+    sizes = draw(st.lists(st.integers(1, 8), min_size=1, max_size=30))
+    B = sum(sizes)
+    lengths = draw(st.lists(st.integers(1, 64), min_size=B, max_size=B))
+    group_ids = torch.tensor([g for g, s in enumerate(sizes) for _ in range(s)])
+    perm = torch.randperm(B, generator=torch.Generator().manual_seed(draw(st.integers(0, 10**6))))
+    return (group_ids[perm], torch.tensor(lengths), draw(st.integers(1, 6)), draw(st.integers(1, 4)),
+            draw(st.integers(0, 10**6)))
+
+
+def _whole(idx, group_ids):
+    """Every group present in `idx` is complete there."""
+    for g in torch.unique(group_ids[idx]).tolist():
+        if int((group_ids[idx] == g).sum()) != int((group_ids == g).sum()):
+            return False
+    return True
+
+
+@SETTINGS
+@given(rollout_batches())
+def test_query_preserved_never_splits_a_group_and_uses_every_rollout_once(batch):
+    group_ids, lengths, M, R, seed = batch
+    nested = partition_bins(group_ids, lengths, M, R, torch.Generator().manual_seed(seed), whole_groups=True)
+    assert len(nested) == M and all(len(shards) == R for shards in nested)
+    every = torch.cat([s for shards in nested for s in shards])
+    assert sorted(every.tolist()) == list(range(group_ids.numel()))  # each rollout exactly once
+    for shards in nested:
+        for shard in shards:  # whole inside one mini-batch AND one rank
+            assert _whole(shard, group_ids)
+    # balanced counts: bins differ by at most one group
+    sizes = [s.numel() for shards in nested for s in shards]
+    assert max(sizes) - min(sizes) <= int(torch.unique(group_ids, return_counts=True)[1].max())
+    # the registered function = the rank-major flattening of the same partition
+    flat = call_batching(registry.get("batching", "query_preserved"), group_ids, M,
+                         torch.Generator().manual_seed(seed), lengths=lengths, n_ranks=R)
+    assert [t.tolist() for t in flat] == [torch.cat(sh).tolist() for sh in nested if torch.cat(sh).numel()]
+    assert all(_whole(mb, group_ids) for mb in flat)
+
+
+@SETTINGS
+@given(rollout_batches())
+def test_token_balanced_partition_is_a_partition_with_equal_counts(batch):
+    group_ids, lengths, M, R, seed = batch
+    nested = partition_bins(group_ids, lengths, M, R, torch.Generator().manual_seed(seed), whole_groups=False)
+    every = torch.cat([s for shards in nested for s in shards])
+    assert sorted(every.tolist()) == list(range(group_ids.numel()))
+    sizes = [s.numel() for shards in nested for s in shards]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_engine_default_orders_scatter_groups_and_qb_keeps_them_whole():
+    """The paper's point: the engine's default order (ours: random; verl's: by token count) scatters a
+    prompt's rollouts over optimizer steps; QB never does."""
+    G, n_groups, M = 8, 32, 4
+    group_ids = torch.arange(n_groups).repeat_interleave(G)
+    lengths = torch.randint(5, 60, (G * n_groups,), generator=torch.Generator().manual_seed(0))
+    for name in ("random", "token_balanced", "query_preserved"):
+        fn = registry.get("batching", name)
+        split = 0
+        for seed in range(5):
+            mbs = call_batching(fn, group_ids, M, torch.Generator().manual_seed(seed), lengths=lengths, n_ranks=2)
+            split += sum(not _whole(mb, group_ids) for mb in mbs)
+        if name == "query_preserved":
+            assert split == 0
+        else:
+            assert split >= 5 * M - 1, name  # practically every mini-batch holds a partial group
+
+
+def test_query_preserved_balances_tokens_better_than_chance():
+    G, n_groups = 4, 24
+    group_ids = torch.arange(n_groups).repeat_interleave(G)
+    lengths = torch.randint(1, 100, (G * n_groups,), generator=torch.Generator().manual_seed(1))
+    nested = partition_bins(group_ids, lengths, 3, 2, torch.Generator().manual_seed(0), whole_groups=True)
+    loads = [float(lengths[s].sum()) for shards in nested for s in shards]
+    seq = [float(lengths[c].sum()) for c in torch.tensor_split(torch.arange(G * n_groups), 6)]
+    assert max(loads) - min(loads) <= max(seq) - min(seq)
+    assert max(loads) - min(loads) <= max(float(lengths[group_ids == g].sum()) for g in range(n_groups))
+
+
+@SETTINGS
+@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=1, max_size=40), st.integers(1, 6),
+       st.integers(0, 1000))
+def test_sign_partition_never_mixes_signs(adv, M, seed):
+    adv = torch.tensor(adv)
+    mbs = call_batching(registry.get("batching", "sign_partitioned"), torch.arange(adv.numel()), M,
+                        torch.Generator().manual_seed(seed), advantages=adv)
+    assert sorted(torch.cat(mbs).tolist()) == list(range(adv.numel()))
+    for mb in mbs:
+        assert bool((adv[mb] > 0).all()) or bool((adv[mb] <= 0).all())
+    assert len(mbs) <= max(M, 2)
+
+
+def test_call_batching_reports_missing_context():
+    import pytest
+
+    with pytest.raises(ValueError, match="lengths"):
+        call_batching(registry.get("batching", "query_preserved"), torch.zeros(4, dtype=torch.long), 2,
+                      torch.Generator())
+
+
+# --------------------------------------------------------------------------------- reward-balanced buffer
+
+group_draw = st.tuples(st.integers(1, 8), st.integers(0, 8), st.integers(0, 8)).map(
+    lambda t: (min(t[1], t[0]), min(t[2], t[0] - min(t[1], t[0])), t[0]))  # (n_pos, n_neg, size)
+
+
+@SETTINGS
+@given(st.lists(st.lists(group_draw, max_size=10), min_size=1, max_size=12),
+       st.integers(1, 6), st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.5]), st.integers(0, 3))
+def test_reward_balanced_buffer_invariants(steps, n_groups, rho, max_age):
+    buf = RewardBalancedBuffer(n_groups, rho, max_age)
+    added, emitted = 0, set()
+    for step, groups in enumerate(steps):
+        for g in groups:
+            buf.add({"id": added, "born": step, "counts": g}, g[0], g[1], g[2], step)
+            added += 1
+        chosen, stats = buf.select(step)
+        assert all(step - e.born <= max_age for e in buf.entries)  # nothing stale waits either
+        if chosen is None:
+            assert stats["rb_emitted"] == 0.0
+            continue
+        assert len(chosen) == n_groups
+        n = sum(c["counts"][2] for c in chosen)
+        assert sum(c["counts"][0] for c in chosen) >= rho * n - 1e-9  # the rho constraint on every batch
+        assert sum(c["counts"][1] for c in chosen) >= rho * n - 1e-9
+        assert all(step - c["born"] <= max_age for c in chosen)  # nothing older than the bound is trained on
+        ids = {c["id"] for c in chosen}
+        assert not ids & emitted  # every rollout used at most once
+        emitted |= ids
+        assert stats["rb_age_max"] <= max_age
+    assert len(emitted) + buf.dropped_total + len(buf.entries) == added  # nothing lost silently
+
+
+def test_reward_balanced_buffer_defers_then_emits_a_balanced_batch():
+    buf = RewardBalancedBuffer(n_groups=2, rho=0.25, max_age=1)
+    buf.add("all-right-a", 0, 0, 4, step=0)  # zero-advantage groups: neither sign
+    buf.add("all-right-b", 0, 0, 4, step=0)
+    chosen, stats = buf.select(0)
+    assert chosen is None and stats["rb_fill"] == 2
+    buf.add("mixed", 2, 2, 4, step=1)
+    chosen, stats = buf.select(1)  # 1 mixed + 1 neutral = 2/8 pos, 2/8 neg >= 0.25
+    assert chosen == ["all-right-a", "mixed"] and stats["rb_pos_frac"] == 0.25
+    chosen, stats = buf.select(2)  # "all-right-b" is now 2 steps old > max_age: dropped
+    assert chosen is None and stats["rb_dropped"] == 1 and stats["rb_fill"] == 0
+
+
+def test_reward_balanced_buffer_state_round_trip():
+    a = RewardBalancedBuffer(2, 0.25, 3)
+    a.add([1, 2], 1, 1, 4, 0)
+    a.add([3], 0, 2, 4, 1)
+    b = RewardBalancedBuffer(2, 0.25, 3)
+    b.load_state_dict(a.state_dict())
+    assert b.select(2) == a.select(2)
+
+
+def test_sign_counts():
+    v = torch.tensor([1.0, -1.0, 0.0, 2.0, 3.0])
+    g = torch.tensor([0, 0, 0, 5, 5])
+    assert sign_counts(v, g) == {0: (1, 1, 3), 5: (2, 0, 2)}
+
+
+def test_invalid_buffer_settings():
+    import pytest
+
+    with pytest.raises(ValueError, match="rho"):
+        RewardBalancedBuffer(2, rho=0.6)
+
+
+# --------------------------------------------------------------------------------- in the local engine
+
+
+class _ScheduledScorer:
+    """Step 0 (the first score call): every rollout wrong (no sign balance); later: alternating 0/1."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, texts, golds):
+        self.calls += 1
+        return [0.0] * len(texts) if self.calls == 1 else [float(i % 2) for i in range(len(texts))]
+
+
+class _HalfNeutralScorer:
+    """3 of 4 groups all wrong (zero advantage), the 4th alternating: balanced batches need two steps'
+    mixed groups, and neutral groups wait in (and age out of) the buffer."""
+
+    def __init__(self, G):
+        self.G = G
+
+    def score(self, texts, golds):
+        return [float(i % 2) if (i // self.G) % 4 == 3 else 0.0 for i in range(len(texts))]
+
+
+def test_trainer_defers_until_balanced_and_trains_on_whole_groups(tmp_path):
+    from conftest import make_trainer
+
+    t = make_trainer("dapo", tmp_path, ["trainer.reward_balance.enable=true", "trainer.reward_balance.max_age=1",
+                                        "trainer.batching=query_preserved", "trainer.mini_batches=2"])
+    t.scorer = _ScheduledScorer()
+    seen = []
+    learn = t.learn
+    t.learn = lambda step, ro: seen.append(ro) or learn(step, ro)
+    m0 = t.train_step(0)
+    assert m0["skipped"] == 1.0 and m0["rb_emitted"] == 0.0 and not seen
+    m1 = t.train_step(1)
+    assert m1["rb_emitted"] == 1.0 and "skipped" not in m1 and m1["grad_norm"] > 0
+    ro = seen[0]
+    P, G = t.tcfg["prompts_per_step"], t.tcfg["group_size"]
+    assert len(ro.responses) == P * G and sorted(set(ro.group_ids)) == list(range(P))
+    assert m1["rb_age_max"] == 1.0  # two of step 0's all-wrong groups fill the batch next to balanced ones
+    assert m1["rb_pos_frac"] >= 0.25 and m1["rb_neg_frac"] >= 0.25
+
+
+def test_reward_balanced_run_resumes_exactly(tmp_path):
+    """The buffer is part of the checkpoint: stop after 2 steps, resume, equal to 4 uninterrupted steps."""
+    from conftest import make_trainer
+
+    over = ["trainer.reward_balance.enable=true", "trainer.steps=4", "trainer.checkpoint_every=2",
+            "trainer.batching=query_preserved"]
+    a = make_trainer("dapo", tmp_path / "a", over)
+    b = make_trainer("dapo", tmp_path / "b", over)
+    c = make_trainer("dapo", tmp_path / "b", over)
+    for t in (a, b, c):
+        t.scorer = _HalfNeutralScorer(t.tcfg["group_size"])
+    a.fit()
+    assert [h["rb_emitted"] for h in a.history] == [0.0, 1.0, 0.0, 1.0]
+    assert len(a.rb_buffer.entries) > 0 and a.history[-1]["rb_age_max"] > 0  # leftovers carried over
+    assert a.history[-1]["rb_dropped_total"] > 0
+    b.tcfg["steps"] = 2
+    b.fit()
+    assert c.maybe_resume() and c.step == 2 and len(c.rb_buffer.entries) == len(b.rb_buffer.entries) > 0
+    c.fit()
+    for (n, pa), (_, pc) in zip(a.model.named_parameters(), c.model.named_parameters()):
+        assert torch.equal(pa, pc), n
+    strip = [{k: v for k, v in h.items() if not k.startswith("t_")} for h in a.history]
+    assert strip == [{k: v for k, v in h.items() if not k.startswith("t_")} for h in c.history]
