@@ -7,4 +7,4 @@ rollout (Tensor[B, 1]). ``base.apply_credit`` feeds it from a rollout batch; sev
 multiplication.
 """
 
-from creditlab.algos.credit import base, delta, dlogp, forking  # noqa: F401
+from creditlab.algos.credit import arca, base, delta, dlogp, forking  # noqa: F401

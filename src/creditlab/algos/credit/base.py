@@ -27,6 +27,8 @@ class CreditInputs:
     topk_ids:  Tensor[B, T, K]     their token ids, or None
     lm_head:   Tensor[V, d]        the LM-head weight (detached), or None
     rng:       torch.Generator     seeded from (seed, step) by the engine, for randomised variants
+    base_hidden: Tensor[B, T, d]   final hidden states of the same forward with the LoRA adapter disabled
+                                   (the reference pass; ARCA's h^base), or None
     """
 
     responses: Tensor
@@ -41,6 +43,7 @@ class CreditInputs:
     topk_ids: Tensor | None = None
     lm_head: Tensor | None = None
     rng: torch.Generator | None = None
+    base_hidden: Tensor | None = None
 
 
 INPUT_FIELDS = tuple(CreditInputs.__dataclass_fields__)
