@@ -1,0 +1,1 @@
+"""Post-hoc analyses of RL updates (token values, flipping, coupling)."""
