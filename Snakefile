@@ -31,12 +31,14 @@ wildcard_constraints:
     table="[^/]+",
     decode="[^/]+",
     figure="[^/]+",
+    analysis="[^/]+",
 
 
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:

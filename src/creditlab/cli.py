@@ -309,6 +309,18 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
                 png.with_suffix(".json"))
 
 
+def cmd_analyze(a: argparse.Namespace) -> None:
+    """Run one analysis of a paper config (token flipping, coupling masking, token values): JSON + Markdown + PNG."""
+    from creditlab.analysis.runner import run_analysis
+
+    plan = build_plan(_pipeline(a), validate=False)
+    if a.paper not in plan.papers or a.name not in plan.papers[a.paper].analyses:
+        choices = sorted(plan.papers[a.paper].analyses) if a.paper in plan.papers else sorted(plan.papers)
+        raise SystemExit(f"unknown paper/analysis {a.paper}/{a.name}; choices: {choices}")
+    _setup()
+    run_analysis(a.results, plan, a.paper, a.name, progress=not a.quiet)
+
+
 def cmd_figure(a: argparse.Namespace) -> None:
     """Draw one paper figure (configs/papers/<paper>.yaml `figures`): replacement_curves and bars from a
     table's CSV; token_credit from a run's token_credit.json (PNG + Markdown/CSV table)."""
@@ -426,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--paper", required=True)
     sp.add_argument("--name", required=True)
     sp.set_defaults(fn=cmd_figure)
+    sp = sub.add_parser("analyze", help=cmd_analyze.__doc__)
+    sp.add_argument("--paper", required=True)
+    sp.add_argument("--name", required=True)
+    sp.set_defaults(fn=cmd_analyze)
     sub.add_parser("plan", help=cmd_plan.__doc__).set_defaults(fn=cmd_plan)
     sp = sub.add_parser("mlflow-ui", help=cmd_mlflow_ui.__doc__)
     sp.add_argument("--port", type=int, default=5000)

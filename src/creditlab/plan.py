@@ -81,6 +81,11 @@ class Plan:
         return [(p, f) for p, spec in self.papers.items() for f in spec.figures_at(self.scale)]
 
     @property
+    def analyses(self) -> list[tuple[str, str]]:
+        """(paper, analysis) of every post-hoc analysis of the chosen papers."""
+        return [(p, a) for p, spec in self.papers.items() for a in spec.analyses]
+
+    @property
     def experiments(self) -> list[str]:
         return sorted({r.experiment for r in self.runs.values()})
 
@@ -176,6 +181,8 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
             for row in spec.tables[tname].rows:
                 for seed in paper_seeds:
                     add(pname, spec, row.backbone, row.run, seed, tname)
+        for aname, an in spec.analyses.items():  # an analysis builds its run's trainer (first seed)
+            add(pname, spec, an.backbone, an.run, paper_seeds[0], None)
         for fname in spec.figures_at(scale):  # a run-based figure draws the paper's first seed's run
             fig = spec.figures[fname]
             if fig.run is not None:

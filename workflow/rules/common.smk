@@ -50,7 +50,7 @@ def all_tables():
     for paper, table in PLAN.tables:  # the tables buildable at this scale
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
         out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
-    return out + all_figures()
+    return out + all_figures() + all_analyses()
 
 
 def figure_paths(paper, name):
@@ -65,6 +65,31 @@ def figure_paths(paper, name):
     fill = dict(results=RESULTS, scale=SCALE, paper=paper, figure=name)
     patterns = [paths.FIGURE_PNG] + ([paths.FIGURE_MD, paths.FIGURE_CSV] if fig.kind == "token_credit" else [])
     return [str(paths.fmt(p, **fill)) for p in patterns]
+
+
+def all_analyses():
+    out = []
+    for paper, name in PLAN.analyses:
+        fill = dict(results=RESULTS, scale=SCALE, paper=paper, analysis=name)
+        out += [str(paths.fmt(p, **fill)) for p in (paths.ANALYSIS_JSON, paths.ANALYSIS_MD, paths.ANALYSIS_PNG)]
+    return out
+
+
+def analysis_inputs(wildcards):
+    """An analysis needs the data and its start weights: the backbone's base model or its run's DONE."""
+    spec = PLAN.papers[wildcards.paper]
+    an = spec.analyses[wildcards.analysis]
+    fill = dict(results=RESULTS, scale=SCALE, backbone=spec.backbone_for(an.backbone, SCALE), run=an.run,
+                seed=PLAN.paper_seeds(wildcards.paper)[0])
+    model = paths.BASE_DONE if an.start == "base" else paths.RUN_DONE
+    return {"data": str(paths.fmt(paths.DATA_DONE, **fill)), "model": str(paths.fmt(model, **fill))}
+
+
+def analysis_params(wildcards):
+    """What defines an analysis (a re-run trigger): kind, run, start, params, caption."""
+    an = PLAN.papers[wildcards.paper].analyses[wildcards.analysis]
+    return {"kind": an.kind, "backbone": an.backbone, "run": an.run, "start": an.start, "params": an.kwargs,
+            "caption": an.caption}
 
 
 def all_figures():

@@ -77,8 +77,8 @@ def _balanced_bins(loads: Tensor, sizes: Tensor, n_bins: int, order_noise: Tenso
     for i in order:
         s = int(sizes[i])
         short = [b for b in range(n_bins) if bin_size[b] < floor]
-        if left <= sum(floor - bin_size[b] for b in short):  # what is left is needed to fill the short bins
-            fits = short
+        if left <= sum(floor - bin_size[b] for b in short) and any(bin_size[b] + s <= cap for b in short):
+            fits = [b for b in short if bin_size[b] + s <= cap]  # what is left must fill the short bins
         else:
             fits = [b for b in range(n_bins) if bin_size[b] + s <= cap] or list(range(n_bins))
         left -= s

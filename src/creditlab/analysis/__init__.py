@@ -1,1 +1,32 @@
-"""Post-hoc analyses of RL updates (token values, flipping, coupling)."""
+"""Post-hoc analyses of RL updates (Paper C): token flipping and polarity probes, coupling masking,
+Monte Carlo token values. Each kind is a module with ``analyze(ctx, **params) -> dict`` (JSON-able),
+``markdown(result) -> str`` and ``plot(result, png)``; paper configs declare analyses by kind
+(``analyses:`` in configs/papers/*.yaml) and ``python -m creditlab analyze`` runs one."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+KINDS = ("flipping", "coupling", "value", "value_budget")
+_MODULES = {"flipping": "flipping", "coupling": "coupling", "value": "value", "value_budget": "value_budget"}
+
+
+def kind_module(kind: str):
+    """The module implementing an analysis kind (ValueError naming the choices otherwise)."""
+    if kind not in _MODULES:
+        raise ValueError(f"unknown analysis kind {kind!r}; valid choices: {list(KINDS)}")
+    return importlib.import_module(f"creditlab.analysis.{_MODULES[kind]}")
+
+
+@dataclass
+class AnalysisContext:
+    """What an analysis works with: the run's local trainer (model in its start state, the run's config,
+    its real reward scorer), a token decoder, the seed, and a factory for a trainer with config
+    overrides (sweeps over batch size / rollout n start from the same weights)."""
+
+    trainer: Any
+    decode: Callable[[int], str]
+    seed: int
+    make_trainer: Callable[[list[str]], Any] | None = None

@@ -291,3 +291,100 @@ def sample_balanced_items(
         items += chosen
         labels += [name] * len(chosen)
     return items, labels
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pipeline analysis (kind "value"): one update, then the values of the tokens it moved
+
+
+def value_probe(trainer, step: int, *, eps: float, per_class: int, max_p: float, n: int, seed: int,
+                fractions: Sequence[float] = DEFAULT_FRACTIONS) -> dict:
+    """One joint GRPO update on rollout batch ``step`` of the trainer (restored afterwards), Δ log p on the
+    batch, ``per_class`` tokens of each class drawn, their MC values; the value gap boosted - suppressed
+    over all sampled tokens, within positive and within negative rollouts, and by top-x% entropy."""
+    from creditlab.analysis.flipping import update_shifts
+
+    ro, _ = trainer.collect(step)
+    res = update_shifts(trainer, ro, ["joint"], step=step, seed=seed)
+    delta = res["delta"]["joint"]
+    probs = res["before_logp"].exp()
+    items, labels = sample_balanced_items(delta, res["mask"], res["adv"], eps, per_class, max_p, probs,
+                                          torch.Generator().manual_seed(seed))
+    t = trainer.tcfg
+    rows = torch.tensor([i for i, _ in items], dtype=torch.long)
+    cols = torch.tensor([j for _, j in items], dtype=torch.long)
+    trainer.model.eval()
+    vals = token_values_mc(trainer.model, trainer.tok, trainer.scorer, ro.prompts, ro.responses, ro.golds, items,
+                           probs[rows, cols] if items else torch.zeros(0), n=n, max_new_tokens=t["max_new_tokens"],
+                           temperature=t["temperature"], top_p=t["top_p"], seed=seed)
+    trainer.model.train()
+    v, d, ent = vals["value"], delta[rows, cols], res["entropy"][rows, cols]
+    side = torch.tensor([lab.endswith("_pos") for lab in labels], dtype=torch.bool)
+    out = {"n_items": len(items), "class_counts": {c: labels.count(c) for c in CLASSES},
+           "gap_all": value_gap(v, d, eps, seed=seed),
+           "gap_positive": value_gap(v[side], d[side], eps, seed=seed),
+           "gap_negative": value_gap(v[~side], d[~side], eps, seed=seed),
+           "by_entropy": gap_vs_entropy(v, d, ent, eps, fractions, seed=seed) if items else [],
+           "reward_mean": float(np.mean(ro.scores)), "n_rollouts": len(ro.responses)}
+    return out
+
+
+def analyze(ctx, *, eps: float = 1e-3, per_class: int = 32, max_p: float = 0.95, n: int = 8, batches: int = 1) -> dict:
+    """Value gap of boosted vs suppressed tokens after one update (paper Fig. 5a) and by entropy (Fig. 5b),
+    on ``batches`` rollout batches (each its own probe; the first also gives the entropy curve)."""
+    probes = [value_probe(ctx.trainer, b, eps=eps, per_class=per_class, max_p=max_p, n=n, seed=ctx.seed + b)
+              for b in range(batches)]
+    return {"kind": "value", "eps": eps, "per_class": per_class, "max_p": max_p, "n": n, "probes": probes}
+
+
+def _fmt_gap(g: dict) -> str:
+    if g["n_boosted"] == 0 or g["n_suppressed"] == 0:
+        return "n/a"
+    return f"{g['gap']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}]"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Counterfactual token value V(y) = (R(s+y) - R(s)) / (1 - p), {result['n']} continuations per branch; "
+             "value gap = mean V of boosted minus suppressed tokens (95% bootstrap CI).", "",
+             "| batch | tokens | gap (all) | gap (positive rollouts) | gap (negative rollouts) | batch reward |",
+             "|---|---|---|---|---|---|"]
+    for b, p in enumerate(result["probes"]):
+        lines.append(f"| {b} | {p['n_items']} | {_fmt_gap(p['gap_all'])} | {_fmt_gap(p['gap_positive'])} | "
+                     f"{_fmt_gap(p['gap_negative'])} | {p['reward_mean']:.3f} |")
+    if result["probes"] and result["probes"][0]["by_entropy"]:
+        lines += ["", "Value gap on the top-x% highest-entropy sampled tokens (batch 0):", "",
+                  "| top-x% | tokens | gap |", "|---|---|---|"]
+        for r in result["probes"][0]["by_entropy"]:
+            lines.append(f"| {100 * r['fraction']:.0f}% | {r['n_tokens']} | {_fmt_gap(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    p0 = result["probes"][0]
+    names = [("gap_all", "all"), ("gap_positive", "A>0"), ("gap_negative", "A<0")]
+    for k, (key, label) in enumerate(names):
+        g = p0[key]
+        if g["n_boosted"] and g["n_suppressed"]:
+            axes[0].bar(k, g["gap"], yerr=[[g["gap"] - g["ci_low"]], [g["ci_high"] - g["gap"]]], capsize=4,
+                        color="#2a9d8f")
+    axes[0].axhline(0, color="k", lw=0.8)
+    axes[0].set_xticks(range(len(names)), [n for _, n in names])
+    axes[0].set_ylabel("value gap (boosted - suppressed)")
+    axes[0].set_title("Value gap by rollout sign")
+    rows = [r for r in p0["by_entropy"] if r["n_boosted"] and r["n_suppressed"]]
+    if rows:
+        x = [100 * r["fraction"] for r in rows]
+        axes[1].plot(x, [r["gap"] for r in rows], marker="o")
+        axes[1].fill_between(x, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows], alpha=0.2)
+    axes[1].axhline(0, color="k", lw=0.8)
+    axes[1].set_xlabel("top-x% highest-entropy tokens")
+    axes[1].set_title("Value gap vs entropy")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)

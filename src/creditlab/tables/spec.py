@@ -43,7 +43,10 @@ WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
 _TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures",
-             "seeds")
+             "seeds", "analyses")
+_ANALYSIS_KEYS = ("kind", "caption", "backbone", "run", "start", "params")
+ANALYSIS_STARTS = ("base", "trained")
+"""Where an analysis starts: the warmed-up base model, or the final state (model + optimizer) of its run."""
 FIGURE_KINDS = ("replacement_curves", "token_histograms", "bars", "token_credit")
 _FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run", "top", "min_count")
 _FIGURE_KIND_KEYS = {
@@ -186,6 +189,38 @@ class FigureSpec:
 
 
 @dataclass(frozen=True)
+class AnalysisSpec:
+    """A post-hoc analysis of RL updates (creditlab.analysis: flipping, coupling, value, ...): it builds
+    the local trainer of ``run`` on ``backbone`` (the run's config), starting from the base model or the
+    run's trained state, and calls the kind's ``analyze(ctx, **params)``; it writes a JSON, a Markdown
+    table and a PNG figure. ``params`` are checked against the kind's signature before any job starts."""
+
+    name: str
+    kind: str
+    backbone: str
+    run: str
+    start: str = "base"
+    caption: str = ""
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return {k: _thaw(v) for k, v in self.params}
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, Mapping):
+        return tuple((str(k), _freeze(x)) for k, x in v.items())
+    return v
+
+
+def _thaw(v: Any) -> Any:
+    return list(_thaw(x) for x in v) if isinstance(v, tuple) else v
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One table of a paper."""
 
@@ -243,6 +278,7 @@ class PaperSpec:
     source: str = ""
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
     figures: dict[str, FigureSpec] = field(default_factory=dict)
+    analyses: dict[str, AnalysisSpec] = field(default_factory=dict)
     seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The paper's own seeds per scale (``seeds: {tiny: [0, 1, 2]}``); a scale not listed uses the
     pipeline's (see `seeds_at`)."""
@@ -676,8 +712,45 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         source=source,
         decodes=decodes,
         figures=_parse_figures(chk, body.get("figures"), tables, context),
+        analyses=_parse_analyses(chk, body.get("analyses"), context),
         seeds=_parse_seeds(chk, body.get("seeds"), scales),
     )
+
+
+def _parse_analyses(chk: _Checker, data: Any, paper: Mapping[str, Any]) -> dict[str, AnalysisSpec]:
+    """Parse `analyses`: name -> {kind, backbone, run, start, caption, params}, params checked against the
+    kind's `analyze` signature (creditlab.analysis.KINDS)."""
+    if data is None:
+        return {}
+    import inspect
+
+    from creditlab.analysis import KINDS, kind_module
+
+    if not isinstance(data, Mapping):
+        chk.fail("analyses", "expected a mapping of analysis name -> analysis")
+    out: dict[str, AnalysisSpec] = {}
+    for name, body in data.items():
+        where = f"analyses.{name}"
+        body = chk.keys(body, where, _ANALYSIS_KEYS, required=("kind", "backbone", "run"))
+        kind = chk.choice(body["kind"], f"{where}.kind", KINDS)
+        if body["run"] == BASE_RUN:
+            chk.fail(f"{where}.run", "an analysis needs a run config (method, overrides): name one of the paper's "
+                     "runs and choose `start: base` to start from the base model", paper["runs"])
+        params = body.get("params") or {}
+        if not isinstance(params, Mapping):
+            chk.fail(f"{where}.params", f"expected a mapping of keyword -> value, got {params!r}")
+        sig = inspect.signature(kind_module(kind).analyze).parameters
+        allowed = [p for p in sig if p != "ctx"]
+        for key in params:
+            chk.choice(key, f"{where}.params.{key}", allowed)
+        out[str(name)] = AnalysisSpec(
+            str(name), kind,
+            backbone=chk.choice(body["backbone"], f"{where}.backbone", paper["backbones"]),
+            run=chk.choice(body["run"], f"{where}.run", paper["runs"]),
+            start=chk.choice(body.get("start", "base"), f"{where}.start", ANALYSIS_STARTS),
+            caption=" ".join(str(body.get("caption") or "").split()),
+            params=tuple((str(k), _freeze(v)) for k, v in params.items()))
+    return out
 
 
 def _parse_seeds(chk: _Checker, data: Any, scales: list[str]) -> dict[str, tuple[int, ...]]:

@@ -19,6 +19,7 @@ The trainer knows nothing about MLflow: it calls ``log_fn(metrics, step)``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import math
@@ -26,7 +27,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,6 +56,7 @@ class Rollouts:
     scores: list[float]  # raw reward function output (correctness)
     rewards: list[float]  # after overlong shaping: what the advantage sees
     group_ids: list[int]
+    golds: list[str] = field(default_factory=list)  # gold answer of each rollout's prompt
 
 
 def _device(name: str) -> torch.device:
@@ -195,7 +197,7 @@ class Trainer:
             rewards = [r + overlong_penalty(len(resp), t["max_new_tokens"], ol["buffer"], ol["penalty"])
                        for r, resp in zip(rewards, gen.response_ids)]
         group_ids = [gen_idx * len(self.records) + i for i in idx for _ in range(G)]
-        return Rollouts(prompts, gen.response_ids, gen.finished, scores, rewards, group_ids)
+        return Rollouts(prompts, gen.response_ids, gen.finished, scores, rewards, group_ids, golds)
 
     def collect(self, step: int) -> tuple[Rollouts, dict[str, float]]:
         """Rollouts of one step; with dynamic sampling, only groups whose scores differ, topped up.
@@ -245,14 +247,21 @@ class Trainer:
         metrics.update(t_gen=t_gen, t_reward=self._t_reward, t_step=time.perf_counter() - t0)
         return metrics
 
-    def learn(self, step: int, ro: Rollouts) -> dict[str, float]:
-        """Steps 3-6 on a scored rollout batch: advantages, the old forward, credit, the PPO update."""
+    def learn(self, step: int, ro: Rollouts,
+              adv_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """Steps 3-6 on a scored rollout batch: advantages, the old forward, credit, the PPO update.
+
+        ``adv_transform`` (Tensor[B] -> Tensor[B]) rewrites the sequence advantages before anything uses
+        them: the polarity probes of Paper C (positive-only, negative-only, shuffled) train through it.
+        """
         t, m = self.tcfg, self.mcfg
         metrics: dict[str, float] = {}
         batch = pack(ro.prompts, ro.responses, self.tok.pad_token_id)
         rewards = torch.tensor(ro.rewards, dtype=torch.float32)
         group_ids = torch.tensor(ro.group_ids, dtype=torch.long)
         adv = self.advantage_fn(rewards, group_ids, **(m.get("advantage_kwargs") or {}))
+        if adv_transform is not None:
+            adv = adv_transform(adv)
 
         t1 = time.perf_counter()
         fns = self.credit_fns + self.token_filters
@@ -324,6 +333,17 @@ class Trainer:
             t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
         )
         return metrics
+
+    def snapshot(self) -> dict[str, Any]:
+        """A deep copy of everything an update changes (model, optimizer, scheduler): restore() it to
+        run several updates from the same state (Paper C's probes)."""
+        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                              "scheduler": self.sched.state_dict()})
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.model.load_state_dict(snap["model"])
+        self.opt.load_state_dict(snap["optimizer"])
+        self.sched.load_state_dict(snap["scheduler"])
 
     def _reward_balance(self, step: int, ro: Rollouts) -> tuple[Rollouts | None, dict[str, float]]:
         """Add this step's groups to the RB buffer; return a balanced batch of it (groups renumbered

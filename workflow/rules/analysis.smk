@@ -1,0 +1,30 @@
+# Post-hoc analyses of RL updates declared in the paper configs (`analyses:`): token flipping, coupling
+# masking, Monte Carlo token values (creditlab.analysis; `python -m creditlab analyze`).
+
+
+rule analysis:
+    input:
+        unpack(analysis_inputs),
+    output:
+        json=at_scale(paths.ANALYSIS_JSON),
+        md=at_scale(paths.ANALYSIS_MD),
+        png=report(
+            at_scale(paths.ANALYSIS_PNG),
+            caption="../report/analysis.rst",
+            category="{paper}",
+            subcategory="analyses",
+            labels={"paper": "{paper}", "analysis": "{analysis}"},
+        ),
+    log:
+        log_for("analysis/{paper}/{analysis}"),
+    threads: 1
+    resources:
+        mem_mb=3000,
+    params:
+        cli=CLI,
+        seeds=paper_seeds,
+        spec=analysis_params,
+    conda:
+        ENV
+    shell:
+        "{params.cli} --seeds {params.seeds} analyze --paper {wildcards.paper} --name {wildcards.analysis} > {log} 2>&1"
