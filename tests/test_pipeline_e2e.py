@@ -50,6 +50,46 @@ def delta_results(micro_results) -> Path:
     return micro_results
 
 
+@pytest.fixture(scope="module")
+def cancellation_results(delta_results) -> Path:
+    """Paper C on top: the broken-cancellation table (the baseline run is Paper B's `dapo`, reused), a
+    QB+RB run, and every analysis (the whole Table 2 is `make run`)."""
+    micro = delta_results / "micro"
+    targets = [str(micro / "tables/cancellation/broken.csv"), str(micro / "runs/micro-s/qb-rb/s0/DONE")]
+    targets += [str(micro / f"analyses/cancellation/{a}.json")
+                for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling")]
+    baseline = micro / "runs/micro-s/dapo/s0/DONE"
+    trained_at = baseline.stat().st_mtime_ns
+    proc = _snakemake(*targets, results=delta_results, papers="dlogp,delta,dfpo,cancellation")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert baseline.stat().st_mtime_ns == trained_at  # Paper B's baseline run reused, not retrained
+    return delta_results
+
+
+def test_cancellation_table_runs_and_analyses(cancellation_results):
+    micro = cancellation_results / "micro"
+    df = pd.read_csv(micro / "tables/cancellation/broken.csv")
+    assert set(df["row"]) == {"Baseline", "+QB", "Sign-partitioned"}
+    assert set(df["column"]) == {"AIME24", "AMC", "MATH-500", "Avg"}
+    cfg = (micro / "runs/micro-s/qb-rb/s0/config.yaml").read_text()
+    assert "batching: query_preserved" in cfg and "enable: true" in cfg
+    rows = [json.loads(x) for x in (micro / "runs/micro-s/qb-rb/s0/metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all("rb_emitted" in r and "rb_fill" in r for r in rows)
+    flips = json.loads((micro / "analyses/cancellation/flipping.json").read_text())
+    assert {r["mode"] for r in flips["rows"]} == {"joint", "positive_only", "negative_only", "shuffled"}
+    assert flips["provenance"]["run_key"] == "micro/micro-s/dapo/s0" and flips["provenance"]["start"] == "base"
+    trained = json.loads((micro / "analyses/cancellation/flipping_trained.json").read_text())
+    assert trained["provenance"]["start"] == "trained"
+    coupling = json.loads((micro / "analyses/cancellation/coupling.json").read_text())
+    assert set(coupling["updates"]) == {"lm_head", "full"}
+    budget = json.loads((micro / "analyses/cancellation/value_budget.json").read_text())
+    assert [(r["axis"], r["value"]) for r in budget["rows"]] == [
+        ("batch size", 8), ("batch size", 16), ("batch size", 32), ("rollout n", 4), ("rollout n", 8), ("rollout n", 16)]
+    for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling"):
+        assert (micro / f"figures/cancellation/analysis_{a}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", a
+        assert "never the paper's" in (micro / f"analyses/cancellation/{a}.md").read_text()
+
+
 def test_delta_transfer_table_figures_and_tracking(delta_results):
     df = pd.read_csv(delta_results / "micro/tables/delta/transfer.csv")
     assert set(zip(df["row"], df["paper_backbone"])) == {

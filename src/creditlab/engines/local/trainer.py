@@ -5,11 +5,14 @@ One RL step:
   2. sample G rollouts per prompt with the KV-cache sampler; score them (reward workers);
      dynamic sampling (optional) keeps groups whose rewards differ and samples more prompts
      until the batch is full; overlong shaping penalises responses near the length budget;
+     reward-balanced batching (optional, Paper C) parks the groups in a buffer and trains only on a
+     batch with enough positive and negative rollouts (else the step makes no update);
   3. advantages (registered function, e.g. GRPO);
   4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t;
   5. credit functions (registered; they may use p, h_t, entropy) multiply the advantage per token;
      token filters (registered) restrict which tokens enter the loss (and its token-mean normaliser);
-  6. PPO epochs over mini-batches with the registered policy loss; AdamW, schedule, grad clip;
+  6. PPO epochs over mini-batches (a registered batching: shuffled, query-preserved, ...) with the
+     registered policy loss; AdamW, schedule, grad clip;
   7. log metrics; every ``checkpoint_every`` steps save model + optimizer + scheduler + RNG state.
 
 All randomness is derived from (seed, step), and checkpoints hold the full optimizer state, so a run
@@ -318,7 +321,7 @@ class Trainer:
         t_update = time.perf_counter() - t2
 
         tok_mask = mask.bool()
-        metrics.update({k: float(np.nanmean([s[k] for s in stats])) for k in stats[0]})
+        metrics.update({k: _nanmean([s[k] for s in stats]) for k in stats[0]})
         correct = torch.tensor([sc > 0 for sc in ro.scores], device=self.device)
         if correct.any():  # solution-probability drift: mean log-prob per token of the correct rollouts
             per_seq = (old.logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)
@@ -414,6 +417,12 @@ def _check_whole_groups(mb_groups: torch.Tensor, all_groups: torch.Tensor, loss:
 def _lookup(kind: str, entries: list[dict] | None) -> list[tuple[Callable, dict]]:
     """Method config entries ``[{name, **kwargs}]`` -> [(registered function, kwargs)]."""
     return [(registry.get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in entries or []]
+
+
+def _nanmean(values: list[float]) -> float:
+    """Mean of the non-NaN values; NaN (no warning) when there are none (e.g. a diagnostic with no gradient)."""
+    v = [x for x in values if x == x]
+    return float(np.mean(v)) if v else float("nan")
 
 
 def _informative_frac(rewards: list[float], G: int) -> float:
