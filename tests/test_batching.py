@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from creditlab.algos import registry
-from creditlab.algos.batching import RewardBalancedBuffer, call_batching, partition_bins, sign_counts
+from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, partition_bins,
+                                      sign_counts)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -79,6 +80,7 @@ def test_engine_default_orders_scatter_groups_and_qb_keeps_them_whole():
         for seed in range(5):
             mbs = call_batching(fn, group_ids, M, torch.Generator().manual_seed(seed), lengths=lengths, n_ranks=2)
             split += sum(not _whole(mb, group_ids) for mb in mbs)
+            assert (groups_split_frac(mbs, group_ids) == 0) == (name == "query_preserved")
         if name == "query_preserved":
             assert split == 0
         else:
@@ -228,6 +230,7 @@ def test_trainer_defers_until_balanced_and_trains_on_whole_groups(tmp_path):
     assert len(ro.responses) == P * G and sorted(set(ro.group_ids)) == list(range(P))
     assert m1["rb_age_max"] == 1.0  # two of step 0's all-wrong groups fill the batch next to balanced ones
     assert m1["rb_pos_frac"] >= 0.25 and m1["rb_neg_frac"] >= 0.25
+    assert m1["groups_split_frac"] == 0.0  # QB: every group whole in its mini-batch
 
 
 def test_reward_balanced_run_resumes_exactly(tmp_path):

@@ -163,6 +163,15 @@ def sign_partitioned_minibatches(group_ids: Tensor, n_minibatches: int, generato
     return [out[i] for i in order]
 
 
+def groups_split_frac(minibatches: list[Tensor], group_ids: Tensor) -> float:
+    """Share of the groups whose rollouts are spread over more than one mini-batch (0 under QB)."""
+    where: dict[int, set[int]] = {}
+    for m, idx in enumerate(minibatches):
+        for g in group_ids[idx].tolist():
+            where.setdefault(g, set()).add(m)
+    return sum(len(v) > 1 for v in where.values()) / max(1, len(where))
+
+
 def _groups(group_ids: Tensor) -> list[Tensor]:
     """Rollout indices of each group, groups in order of first appearance."""
     first: dict[int, list[int]] = {}

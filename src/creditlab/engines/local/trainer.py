@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
-from creditlab.algos.batching import RewardBalancedBuffer, call_batching, sign_counts
+from creditlab.algos.batching import RewardBalancedBuffer, call_batching, groups_split_frac, sign_counts
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.data.schema import render_prompt
@@ -294,10 +294,13 @@ class Trainer:
         gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
         stats: list[dict[str, float]] = []
         loss_kwargs = dict(m.get("loss_kwargs") or {})
+        lengths, n_ranks = mask.sum(-1).long().cpu(), int(t.get("dp_ranks", 1))
+        split: list[float] = []
         for _ in range(t["ppo_epochs"]):
-            lengths, n_ranks = mask.sum(-1).long().cpu(), int(t.get("dp_ranks", 1))
-            for idx in call_batching(self.batching_fn, group_ids, t["mini_batches"], gen, lengths=lengths,
-                                     advantages=adv, n_ranks=n_ranks):
+            minibatches = call_batching(self.batching_fn, group_ids, t["mini_batches"], gen, lengths=lengths,
+                                        advantages=adv, n_ranks=n_ranks)
+            split.append(groups_split_frac(minibatches, group_ids))
+            for idx in minibatches:
                 mb = batch.select(idx)
                 T = mb.response_len
                 if self.loss_takes_groups:  # group-coupled losses (GRPO-fix, DFPO) see whole groups only
@@ -332,6 +335,7 @@ class Trainer:
             credit_weight_mean=weights[tok_mask].mean().item(),
             credit_weight_std=weights[tok_mask].std().item() if tok_mask.sum() > 1 else 0.0,
             loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
+            groups_split_frac=float(np.mean(split)),
             lr=self.sched.get_last_lr()[0],
             t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
         )
