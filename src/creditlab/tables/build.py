@@ -98,8 +98,9 @@ def run_metrics_path(runs_dir: Path, backbone: str, run: str, seed: int) -> Path
                      run=run, seed=seed)
 
 
-def read_step_times(path: Path) -> np.ndarray:
-    """The `t_step` (seconds) of every step of a training metrics.jsonl, in step order.
+def read_step_times(path: Path, key: str = "t_step") -> np.ndarray:
+    """The `key` values (default `t_step`, seconds) of every step of a training metrics.jsonl, in step order
+    (steps without a finite value skipped).
 
     A step logged twice (resumed run) keeps its last record; a line cut by a killed job is skipped
     with a warning. FileNotFoundError / ValueError naming the path when there is nothing to read.
@@ -117,11 +118,12 @@ def read_step_times(path: Path) -> np.ndarray:
             except json.JSONDecodeError:
                 warnings.warn(f"{path}:{lineno}: not valid JSON, line skipped", stacklevel=2)
                 continue
-            value = rec.get("t_step")
+            value = rec.get(key)
             if "step" in rec and isinstance(value, (int, float)) and math.isfinite(value):
                 by_step[int(rec["step"])] = float(value)
     if not by_step:
-        raise ValueError(f"{path}: no step with a finite 't_step' (the RL step wall time)")
+        what = " (the RL step wall time)" if key == "t_step" else ""
+        raise ValueError(f"{path}: no step with a finite {key!r}{what}")
     return np.array([by_step[s] for s in sorted(by_step)], dtype=float)
 
 
@@ -152,13 +154,14 @@ def _run_provenance(path: Path) -> dict[str, Any]:
             "_path": str(path)}
 
 
-def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int]) -> StepTimes:
-    """Pool the `t_step` values of `seeds`; provenance from each run dir's DONE (MLflow run id, run
+def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], key: str = "t_step"
+                    ) -> StepTimes:
+    """Pool the `key` values (default `t_step`) of `seeds`; provenance from each run dir's DONE (MLflow run id, run
     key, commit) and config.yaml, and the metrics.jsonl paths as sources."""
     values, provs = [], []
     for seed in seeds:
         path = run_metrics_path(Path(runs_dir), backbone, run, seed)
-        values.append(read_step_times(path))
+        values.append(read_step_times(path, key))
         provs.append(_run_provenance(path))
     return StepTimes(np.concatenate(values), _provenance(provs))
 
@@ -405,13 +408,17 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
 def _unit(column: Column) -> str:
     """The long-frame unit of a training column: s / steps, or `% vs <run>` / `x vs <run>` when relative."""
     if column.relative_to is None:
-        return "s" if column.metric == "step_time" else "steps"
+        return {"step_time": "s", "steps_to": "steps"}.get(str(column.metric), column.series_key)
     return f"{'x' if column.relative == 'ratio' else '%'} vs {column.relative_to}"
 
 
 def _reference_value(column: Column) -> float:
     """The cell of the relative_to run's own rows: ratio 1, difference 0 %."""
     return 1.0 if column.relative == "ratio" else 0.0
+
+
+def _suffix(column: Column) -> str:
+    return " s" if column.metric == "step_time" else f" {column.series_key}"
 
 
 def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
@@ -425,11 +432,11 @@ def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: 
         detail = ""
     elif row.run == column.relative_to:
         mean = lo = hi = _reference_value(column)
-        detail = f"reference: {times.mean:.3f} s"
+        detail = f"reference: {times.mean:.3f}{_suffix(column)}"
     else:
         assert ref is not None
         mean, lo, hi = step_time_stats(times, ref, column.relative)
-        detail = f"{times.mean:.3f} s vs {ref.mean:.3f} s ({column.relative_to})"
+        detail = f"{times.mean:.3f}{_suffix(column)} vs {ref.mean:.3f}{_suffix(column)} ({column.relative_to})"
     return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
                  n_steps=len(times.values), detail=detail, **times.provenance)
 
@@ -480,13 +487,13 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
             f"has a stand-in there; tables buildable at {scale!r}: {paper.tables_at(scale)}")
     runs_dir = Path(evals_dir).parent / "runs" if runs_dir is None else Path(runs_dir)
     cache: dict[tuple[str, str, int, str | None], dict[str, Any]] = {}
-    times: dict[tuple[str, str], StepTimes] = {}
+    times: dict[tuple[str, str, str], StepTimes] = {}
     reached: dict[tuple[str, str, float, float], StepsTo] = {}
 
-    def step_times(backbone: str, run: str) -> StepTimes:
-        if (backbone, run) not in times:
-            times[(backbone, run)] = load_step_times(runs_dir, backbone, run, seeds)
-        return times[(backbone, run)]
+    def step_times(backbone: str, run: str, key: str) -> StepTimes:
+        if (backbone, run, key) not in times:
+            times[(backbone, run, key)] = load_step_times(runs_dir, backbone, run, seeds, key)
+        return times[(backbone, run, key)]
 
     def steps_to(backbone: str, run: str, column: Column) -> StepsTo:
         assert column.threshold is not None and column.smoothing is not None
@@ -515,9 +522,10 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
                 lines.append(_steps_to_line(row, backbone, column, scale, seeds,
                                             steps_to(backbone, row.run, column) if trained else None, ref_st))
                 continue
-            ref = step_times(backbone, column.relative_to) if trained and column.relative_to else None
+            k_ = column.series_key
+            ref = step_times(backbone, column.relative_to, k_) if trained and column.relative_to else None
             lines.append(_step_time_line(row, backbone, column, scale, seeds,
-                                         step_times(backbone, row.run) if trained else None, ref))
+                                         step_times(backbone, row.run, k_) if trained else None, ref))
     return pd.DataFrame(lines, columns=list(LONG_COLUMNS))
 
 
@@ -588,7 +596,13 @@ def _ours_cell(line: Any) -> str:
         if censored and n_seeds > 1:
             cell += f" ({censored}/{n_seeds} censored)"
         return cell
-    return f"{_fmt(line.ours_mean)} [{_fmt(line.ours_lo)}, {_fmt(line.ours_hi)}]"
+    f = _fmt_sig if line.metric == "train_mean" else _fmt
+    return f"{f(line.ours_mean)} [{f(line.ours_lo)}, {f(line.ours_hi)}]"
+
+
+def _fmt_sig(value: float) -> str:
+    """Four significant digits (training metrics span many magnitudes: EffN/T 0.05, residual 3e-3)."""
+    return "—" if _missing(value) else f"{value:.4g}"
 
 
 def _paper_cell(line: Any) -> str:
@@ -776,7 +790,7 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
         for field in read["mlflow_run_ids"]:  # one id per seed, "" = offline
             ids += [""] if _missing(field) else str(field).split(_SEP)
         ids = _unique([i or "none (offline)" for i in ids])
-        steps = _unique([s for s in _split(read[read["metric"] == "step_time"]["sources"])])
+        steps = _unique([s for s in _split(read[read["metric"].isin(["step_time", "train_mean"])]["sources"])])
         rewards = _unique([s for s in _split(read[read["metric"] == "steps_to"]["sources"])])
         line = (f"- {row.label} / {row.backbone} (`{first.backbone}`, run `{first.run}`, seeds "
                 f"{str(first.seeds).replace(_SEP, ', ')}): MLflow run ids {', '.join(ids)}; run keys "
@@ -808,6 +822,10 @@ def table_markdown(df: pd.DataFrame, table: TableSpec, paper: PaperSpec) -> str:
     if any(c.metric == "step_time" for c in columns):
         lines += [f"Our step-time cells: seconds per RL step [95% percentile bootstrap CI over steps, "
                   f"{N_BOOT} resamples], steps of seeds {seeds} pooled; relative cells in % or x (see Columns)."]
+    if any(c.metric == "train_mean" for c in columns):
+        keys = ", ".join(_unique([f"`{c.key}`" for c in columns if c.metric == "train_mean"]))
+        lines += [f"Our training-metric cells ({keys}): mean over RL steps of the run's logged metric [95% "
+                  f"percentile bootstrap CI over steps, {N_BOOT} resamples], steps of seeds {seeds} pooled."]
     if any(c.metric == "steps_to" for c in columns):
         n_seeds = len(seeds.split(", "))
         ci = (f"95% percentile bootstrap CI over seeds, {N_BOOT} resamples" if n_seeds > 1

@@ -25,9 +25,10 @@ EVAL_METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
 """Column metrics read from evaluations. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at
 the table's scale."""
 
-TRAINING_METRICS = ("step_time", "steps_to")
+TRAINING_METRICS = ("step_time", "steps_to", "train_mean")
 """Column metrics read from a run's training metrics.jsonl: `step_time` = mean wall time per RL step
-(seconds); `steps_to` = RL steps until the EMA of the training `reward_mean` first reaches the column's
+(seconds); `train_mean` = the mean over RL steps of the logged metric `key` (e.g. `weight_gini`,
+`reward_mean`); `steps_to` = RL steps until the EMA of the training `reward_mean` first reaches the column's
 `threshold`. Such a column names no benchmark."""
 
 RELATIVE_MODES = ("percent", "ratio")
@@ -63,9 +64,10 @@ _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
 _RUN_KEYS = ("method", "overrides")
 _TABLE_KEYS = ("caption", "columns", "rows", "curves")
 _COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to", "relative",
-                "threshold", "smoothing")
+                "threshold", "smoothing", "key")
 _TRAINING_COLUMN_KEYS = {
     "step_time": ("name", "metric", "relative_to", "relative"),
+    "train_mean": ("name", "metric", "key", "relative_to", "relative"),
     "steps_to": ("name", "metric", "threshold", "smoothing", "relative_to", "relative"),
 }
 """The keys each training-cost column takes (steps_to: `threshold` required)."""
@@ -108,6 +110,13 @@ class Column:
     relative: str = "percent"
     threshold: float | None = None
     smoothing: float | None = None
+    key: str | None = None
+    """train_mean only: the training metric (a key of the runs' metrics.jsonl) averaged over steps."""
+
+    @property
+    def series_key(self) -> str:
+        """The metrics.jsonl key a step_time / train_mean column averages over steps."""
+        return "t_step" if self.metric == "step_time" else str(self.key)
 
     @property
     def is_training(self) -> bool:
@@ -527,10 +536,11 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
         chk.choice(body["metric"], f"{where}.metric", METRICS)
     if body.get("metric") in TRAINING_METRICS:
         return _parse_training_column(chk, body, where, name, kinds, paper)
-    for key in ("relative_to", "relative", "threshold", "smoothing"):
+    for key in ("relative_to", "relative", "threshold", "smoothing", "key"):
         if key in body:
-            owners = TRAINING_METRICS if key.startswith("relative") else ("steps_to",)
-            kind = "training-cost" if key.startswith("relative") else "steps_to"
+            owners = TRAINING_METRICS if key.startswith("relative") else (
+                ("train_mean",) if key == "key" else ("steps_to",))
+            kind = "training-cost" if key.startswith("relative") else ("train_mean" if key == "key" else "steps_to")
             chk.fail(f"{where}.{key}", f"{key} applies to a {kind} column only", [f"metric: {m}" for m in owners])
     if len(kinds) != 1:
         chk.fail(where, f"a column needs exactly one of benchmark / benchmarks / average_of "
@@ -592,8 +602,14 @@ def _parse_training_column(chk: _Checker, body: dict, where: str, name: str, kin
         smoothing = _finite_number(chk, body.get("smoothing", STEPS_TO_SMOOTHING), f"{where}.smoothing")
         if not 0.0 <= smoothing < 1.0:
             chk.fail(f"{where}.smoothing", f"expected an EMA factor in [0, 1) (0 = no smoothing), got {smoothing!r}")
+    key = None
+    if metric == "train_mean":
+        if "key" not in body:
+            chk.fail(where, "a train_mean column needs a key (the training metric to average over steps, "
+                     "e.g. weight_gini)", allowed)
+        key = chk.string(body["key"], f"{where}.key")
     return Column(name, metric=metric, relative_to=relative_to, relative=relative, threshold=threshold,
-                  smoothing=smoothing)
+                  smoothing=smoothing, key=key)
 
 
 def _finite_number(chk: _Checker, value: Any, where: str) -> float:
