@@ -314,13 +314,13 @@ class Trainer:
             with torch.no_grad(), _autocast(self.device), self.peft.disable_adapter():
                 ref = response_forward(self.model, batch, with_hidden=True)
             t_ref = time.perf_counter() - t_r
-        residual = None if ref is None else adapter_residual_norm(old.hidden, ref.hidden)  # ||h - h^base||, [B, T]
-        if self.random_control:  # [ours] the residual's Gini under a random adapter of the trained one's norm
+        rand_hidden = None
+        if self.random_control:  # [ours] h_t under a random adapter of the trained one's per-module norm
+            t_r = time.perf_counter()
             g = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 30_001))
             with torch.no_grad(), _autocast(self.device), lora.random_adapter(self.peft, g):
                 rand_hidden = lora.hidden_of(self.model, batch)
-            metrics["arca_residual_gini"] = _mean_row_gini(residual, mask)
-            metrics["random_residual_gini"] = _mean_row_gini(adapter_residual_norm(rand_hidden, ref.hidden), mask)
+            metrics["t_random_control"] = time.perf_counter() - t_r
         self.model.train()
 
         t_c = time.perf_counter()
@@ -342,8 +342,15 @@ class Trainer:
         self._accumulate_token_credit(batch.responses, mask, weights)
         # Paper D's concentration diagnostics of the per-token weights (before the advantage; Gini and EffN/T
         # are per-row scale free, so mean-1 and sum-1 weights read the same); with a reference pass, the
-        # adapter residual's mean / max (ARCA's salience)
+        # adapter residual ||h_t - h_t^base|| (ARCA's salience): mean / max, and its Gini against the random
+        # adapter's (the control)
+        t_d = time.perf_counter()
+        residual = None if ref is None else adapter_residual_norm(old.hidden, ref.hidden)  # [B, T]
         metrics.update(weight_diagnostics(weights.detach(), mask, residual))
+        if rand_hidden is not None:
+            metrics["arca_residual_gini"] = _mean_row_gini(residual, mask)
+            metrics["random_residual_gini"] = _mean_row_gini(adapter_residual_norm(rand_hidden, ref.hidden), mask)
+        t_diag = time.perf_counter() - t_d
 
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
@@ -388,7 +395,7 @@ class Trainer:
             credit_weight_std=weights[tok_mask].std().item() if tok_mask.sum() > 1 else 0.0,
             loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
             lr=self.sched.get_last_lr()[0],
-            t_old_forward=t_fwd, t_ref_forward=t_ref, t_credit=t_credit, t_update=t_update,
+            t_old_forward=t_fwd, t_ref_forward=t_ref, t_credit=t_credit, t_diagnostics=t_diag, t_update=t_update,
         )
         return metrics
 
