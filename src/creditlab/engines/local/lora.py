@@ -95,15 +95,6 @@ def merged_for_sampling(peft_model) -> Iterator[None]:
                 m.base_layer.weight.data = w
 
 
-def adapter_delta_norms(peft_model) -> list[float]:
-    """||B A||_F of every LoRA layer (without the alpha / r factor), in :func:`lora_layers` order."""
-    out = []
-    with torch.no_grad():
-        for _, m in lora_layers(peft_model):
-            out.append(float(torch.linalg.matrix_norm(m.lora_B[ADAPTER].weight.float() @ m.lora_A[ADAPTER].weight.float())))
-    return out
-
-
 @contextmanager
 def random_adapter(peft_model, generator: torch.Generator) -> Iterator[None]:
     """Inside the block each LoRA layer holds a random adapter of the trained one's norm.

@@ -116,7 +116,8 @@ class Trainer:
         self.device = _device(cfg.get("device", "auto"))
         self.lcfg = self.tcfg.get("lora") or {"enable": False}
         # LoRA: adapter init seeded by the run's seed alone (a resumed run rebuilds the same module)
-        self.peft = lora.wrap_lora(model, self.lcfg, _step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"] else None
+        self.peft = (lora.wrap_lora(model, self.lcfg, _step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"]
+                     else None)
         self.model = model.to(self.device)
         self.model.train()
         self.tok = tokenizer
