@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_rl_step.py
 	$(BIN)/python benchmarks/bench_extrapolation.py
 	$(BIN)/python benchmarks/bench_delta_overhead.py
+	$(BIN)/python benchmarks/bench_arca_overhead.py
 
 clean-results:
 	rm -rf results/tiny results/micro results/mlflow.db results/mlartifacts results/.mlflow_ready

@@ -186,7 +186,8 @@ def cmd_train(a: argparse.Namespace) -> None:
             reward_stats = scorer.stats
         write_history(history, run_dir / "metrics.jsonl")
         _write_json(trainer.token_credit_table(lambda i: tok.decode([i])), run_dir / "token_credit.json")
-        save_model(trainer.model, tok, run_dir / "final")
+        save_model(trainer.export_model(), tok, run_dir / "final")  # LoRA: merged, the format of every run
+        trainer.save_adapter(run_dir / "adapter")  # LoRA: the adapter alone too (peft), beside final/
         tracker.log_metrics({f"reward_worker/{k}": float(v) for k, v in reward_stats.items()}, trainer.step)
         tracker.log_artifact(run_dir / "config.yaml")
         tracker.log_artifact(run_dir / "token_credit.json")

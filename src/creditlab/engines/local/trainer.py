@@ -8,12 +8,20 @@ One RL step:
      reward-balanced batching (optional, Paper C) parks the groups in a buffer and trains only on a
      batch with enough positive and negative rollouts (else the step makes no update);
   3. advantages (registered function, e.g. GRPO);
-  4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t;
-  5. credit functions (registered; they may use p, h_t, entropy) multiply the advantage per token;
-     token filters (registered) restrict which tokens enter the loss (and its token-mean normaliser);
+  4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t; with LoRA
+     (``trainer.lora.enable``) and a credit function that takes ``ref_logp`` or ``base_hidden``, ONE
+     more no-grad forward with the adapter disabled (the reference pass) gives both;
+  5. credit functions (registered; they may use p, h_t, entropy, the reference pass) multiply the
+     advantage per token; token filters (registered) restrict which tokens enter the loss (and its
+     token-mean normaliser); the weights' Gini and EffN/T are logged (Paper D);
   6. PPO epochs over mini-batches (a registered batching: shuffled, query-preserved, ...) with the
      registered policy loss; AdamW, schedule, grad clip;
   7. log metrics; every ``checkpoint_every`` steps save model + optimizer + scheduler + RNG state.
+
+LoRA (Paper D, ``engines/local/lora.py``): the model is wrapped with a peft adapter in place, only the
+adapter trains (the optimizer sees only it), rollouts are decoded with the adapter merged into the
+weights (``merge_for_sampling``), and :meth:`Trainer.export_model` gives the merged plain model that
+``creditlab train`` saves for evaluation.
 
 All randomness is derived from (seed, step), and checkpoints hold the full optimizer state, so a run
 killed at any point and restarted produces the same final model as an uninterrupted one.
@@ -40,8 +48,10 @@ import torch
 from creditlab.algos import registry
 from creditlab.algos.batching import RewardBalancedBuffer, call_batching, groups_split_frac, sign_counts
 from creditlab.algos.cancellation import cancellation_residual
+from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
 from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
 from creditlab.data.schema import render_prompt
+from creditlab.engines.local import lora
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
 from creditlab.progress import progress
@@ -94,13 +104,25 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
     return min(-(length - (max_len - buffer)) / buffer * factor, 0.0)
 
 
+REF_INPUTS = ("ref_logp", "base_hidden")
+"""CreditInputs fields that come from the reference pass (the forward with the LoRA adapter disabled)."""
+
+
 class Trainer:
-    """GRPO/DAPO RL of a causal LM on verifiable prompts (tiny scale, CPU or one GPU)."""
+    """GRPO/DAPO RL of a causal LM on verifiable prompts (tiny scale, CPU or one GPU).
+
+    With ``trainer.lora.enable`` the ``model`` passed in is modified in place (peft injects its LoRA
+    layers); ``self.model`` stays that plain causal LM and ``self.peft`` is the PeftModel around it.
+    """
 
     def __init__(self, cfg: dict[str, Any], model, tokenizer, train_records: list[dict], scorer, ckpt_dir: Path,
                  log_fn: LogFn | None = None, progress: bool = True):
         self.cfg, self.tcfg, self.mcfg = cfg, cfg["trainer"], cfg["method"]
         self.device = _device(cfg.get("device", "auto"))
+        self.lcfg = self.tcfg.get("lora") or {"enable": False}
+        # LoRA: adapter init seeded by the run's seed alone (a resumed run rebuilds the same module)
+        self.peft = (lora.wrap_lora(model, self.lcfg, _step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"]
+                     else None)
         self.model = model.to(self.device)
         self.model.train()
         self.tok = tokenizer
@@ -112,7 +134,8 @@ class Trainer:
         template = cfg["data"].get("template", "tiny")
         self.prompt_ids = [tokenizer(render_prompt(r["question"], template))["input_ids"] for r in train_records]
         t = self.tcfg
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
+        self.params = lora.trainable_parameters(self.model)  # all of them without LoRA; the adapter's with it
+        self.opt = torch.optim.AdamW(self.params, lr=t["lr"], betas=tuple(t["betas"]),
                                      weight_decay=t["weight_decay"])
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_lambda(s, t["lr_warmup_steps"], t["steps"], t["lr_schedule"]))
@@ -122,6 +145,12 @@ class Trainer:
         self.loss_takes_groups = "group_ids" in inspect.signature(self.loss_fn).parameters
         self.credit_fns = _lookup("credit", self.mcfg.get("credit"))
         self.token_filters = _lookup("token_filter", self.mcfg.get("token_filter"))
+        needs_ref = sorted({n for fn, _ in self.credit_fns + self.token_filters for n in credit_inputs_of(fn)
+                            if n in REF_INPUTS})
+        if needs_ref and self.peft is None:
+            raise ValueError(f"method {self.mcfg.get('name')!r} needs {needs_ref} from the reference pass (the forward "
+                             "with the LoRA adapter disabled): set trainer.lora.enable=true")
+        self.random_control = bool(self.lcfg.get("random_control")) and self.peft is not None
         # credit/filter settings that name `topk` get the top-K next-token distributions of the old forward
         self.topk = max([int(kw.get("topk") or 0) for _, kw in self.credit_fns + self.token_filters] + [0])
         vocab = self.model.get_output_embeddings().weight.shape[0]
@@ -174,6 +203,20 @@ class Trainer:
         random.setstate(state["rng"]["python"])
         return True
 
+    # ----------------------------------------------------------------------------- export
+    def export_model(self):
+        """The trained model as a plain ``transformers`` model: ``self.model`` itself without LoRA, else a
+        merged copy (W + scale * B A; the trainer's model is left as it is). What ``creditlab train``
+        saves as ``final/``, so evaluation reads every run the same way."""
+        return self.model if self.peft is None else lora.merged_copy(self.peft)
+
+    def save_adapter(self, out_dir: Path) -> bool:
+        """With LoRA, save the adapter alone (peft ``save_pretrained``) under ``out_dir``; returns whether it did."""
+        if self.peft is None:
+            return False
+        lora.save_adapter(self.peft, out_dir)
+        return True
+
     # ----------------------------------------------------------------------------- rollouts
     def _sample_prompts(self, step: int, gen_idx: int) -> list[int]:
         rng = np.random.default_rng([self.cfg["seed"], step, gen_idx])
@@ -184,7 +227,8 @@ class Trainer:
         idx = self._sample_prompts(step, gen_idx)
         prompts = [self.prompt_ids[i] for i in idx for _ in range(G)]
         self.model.eval()
-        with torch.no_grad(), _autocast(self.device):
+        merge = self.peft is not None and self.lcfg.get("merge_for_sampling", False)
+        with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
             gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.tok.eos_token_id,
                            pad_id=self.tok.pad_token_id, temperature=t["temperature"], top_p=t["top_p"],
                            seed=_step_seed(self.cfg["seed"], step, gen_idx))
@@ -267,19 +311,39 @@ class Trainer:
             adv = adv_transform(adv)
 
         t1 = time.perf_counter()
-        fns = self.credit_fns + self.token_filters
-        need_hidden = any("hidden" in credit_inputs_of(fn) for fn, _ in fns)
+        wanted = {n for fn, _ in self.credit_fns + self.token_filters for n in credit_inputs_of(fn)}
+        # the reference pass (adapter disabled) runs only when a credit function takes its outputs (or the
+        # random-adapter control needs h^base); it then gives ref log-probs AND h^base in one forward
+        need_ref = bool(wanted & set(REF_INPUTS)) or self.random_control
+        need_hidden = "hidden" in wanted or need_ref  # h^adapted: ARCA's residual is taken against it
+        self.model.eval()  # the no-grad forwards are deterministic (no LoRA dropout)
         with torch.no_grad(), _autocast(self.device):
             old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden, topk=self.topk)
         mask = batch.response_mask.to(self.device)
         t_fwd = time.perf_counter() - t1
+        ref, t_ref = None, 0.0
+        if need_ref:
+            t_r = time.perf_counter()
+            with torch.no_grad(), _autocast(self.device), self.peft.disable_adapter():
+                ref = response_forward(self.model, batch, with_hidden=True)
+            t_ref = time.perf_counter() - t_r
+        rand_hidden = None
+        if self.random_control:  # [ours] h_t under a random adapter of the trained one's per-module norm
+            t_r = time.perf_counter()
+            g = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 30_001))
+            with torch.no_grad(), _autocast(self.device), lora.random_adapter(self.peft, g):
+                rand_hidden = lora.hidden_of(self.model, batch)
+            metrics["t_random_control"] = time.perf_counter() - t_r
+        self.model.train()
 
         t_c = time.perf_counter()
         inputs = CreditInputs(responses=batch.responses.to(self.device), mask=mask, old_logp=old.logp,
                               advantages=adv.to(self.device), group_ids=group_ids.to(self.device),
                               hidden=old.hidden, entropy=old.entropy, topk_logp=old.topk_logp,
                               topk_ids=old.topk_ids, lm_head=self.model.get_output_embeddings().weight.detach(),
-                              rng=torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 20_000)))
+                              rng=torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 20_000)),
+                              ref_logp=None if ref is None else ref.logp,
+                              base_hidden=None if ref is None else ref.hidden)
         weights = torch.ones_like(old.logp)
         for fn, kwargs in self.credit_fns:
             weights = weights * apply_credit(fn, inputs, kwargs)
@@ -289,6 +353,17 @@ class Trainer:
             loss_mask = loss_mask * apply_credit(fn, inputs, kwargs)
         t_credit = time.perf_counter() - t_c
         self._accumulate_token_credit(batch.responses, mask, weights)
+        # Paper D's concentration diagnostics of the per-token weights (before the advantage; Gini and EffN/T
+        # are per-row scale free, so mean-1 and sum-1 weights read the same); with a reference pass, the
+        # adapter residual ||h_t - h_t^base|| (ARCA's salience): mean / max, and its Gini against the random
+        # adapter's (the control)
+        t_d = time.perf_counter()
+        residual = None if ref is None else adapter_residual_norm(old.hidden, ref.hidden)  # [B, T]
+        metrics.update(weight_diagnostics(weights.detach(), mask, residual))
+        if rand_hidden is not None:
+            metrics["arca_residual_gini"] = _mean_row_gini(residual, mask)
+            metrics["random_residual_gini"] = _mean_row_gini(adapter_residual_norm(rand_hidden, ref.hidden), mask)
+        t_diag = time.perf_counter() - t_d
 
         t2 = time.perf_counter()
         gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
@@ -317,7 +392,7 @@ class Trainer:
                 res = cancellation_residual(new.logp.grad, mb.responses.to(self.device), args[2],
                                             group_ids[idx].to(self.device))
                 st = st | {"cancel_rel_residual": res["rel_residual"], "cancel_group_coef_rel": res["group_coef_rel"]}
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t["grad_clip"])
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t["grad_clip"])
                 self.opt.step()
                 stats.append(st | {"loss": loss.item(), "grad_norm": float(grad_norm)})
         self.sched.step()
@@ -337,7 +412,7 @@ class Trainer:
             loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
             groups_split_frac=float(np.mean(split)),
             lr=self.sched.get_last_lr()[0],
-            t_old_forward=t_fwd, t_credit=t_credit, t_update=t_update,
+            t_old_forward=t_fwd, t_ref_forward=t_ref, t_credit=t_credit, t_diagnostics=t_diag, t_update=t_update,
         )
         return metrics
 
@@ -429,13 +504,21 @@ def _nanmean(values: list[float]) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def _mean_row_gini(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Gini of each row's valid values, averaged over the rows that have a valid token (NaN if none)."""
+    rows = (mask > 0).any(-1)
+    return gini(x, mask)[rows].mean().item() if rows.any() else float("nan")
+
+
 def _informative_frac(rewards: list[float], G: int) -> float:
     groups = [rewards[i : i + G] for i in range(0, len(rewards), G)]
     return float(np.mean([max(g) > min(g) for g in groups])) if groups else 0.0
 
 
 def _subset(ro: Rollouts, rows: list[int]) -> Rollouts:
-    return Rollouts(*[[getattr(ro, f)[j] for j in rows] for f in Rollouts.__dataclass_fields__])
+    # a field left empty (golds of a batch built without them) stays empty
+    return Rollouts(*[[getattr(ro, f)[j] for j in rows] if getattr(ro, f) else []
+                      for f in Rollouts.__dataclass_fields__])
 
 
 class _Filtered:
