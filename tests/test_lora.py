@@ -98,7 +98,8 @@ def test_only_the_adapter_trains(tmp_path):
 def test_reference_forwards_per_step(method, control, extra, tmp_path):
     """learn() = 1 old forward + the update forwards, + ONE adapter-disabled forward for ARCA / divergence
     (both inputs from the same pass), + one more (adapter on, random) for the random control."""
-    t, _ = _trainer(method, tmp_path, [f"trainer.lora.random_control={str(control).lower()}"])
+    t, _ = _trainer(method, tmp_path, [f"trainer.lora.random_control={str(control).lower()}",
+                                       "trainer.lora.reference_pass=when_needed"])
     ro, _ = t.collect(0)
     calls = _count_forwards(t)
     m = t.learn(0, ro)
@@ -106,6 +107,19 @@ def test_reference_forwards_per_step(method, control, extra, tmp_path):
     assert len(calls) == 1 + updates + extra
     assert sum(calls) == min(extra, 1)  # the reference pass is the one forward with the adapter disabled
     assert (m["t_ref_forward"] > 0) == (extra > 0)
+
+
+@pytest.mark.parametrize("method", ["arca_uniform", "arca"])
+def test_reference_pass_always_is_shared_not_repeated(method, tmp_path):
+    """reference_pass=always (the default): every LoRA step runs ONE adapter-disabled forward, uniform too
+    (ref_kl and the residual logged for every scheme); ARCA reuses it: the same forward count."""
+    t, _ = _trainer(method, tmp_path, ["trainer.lora.reference_pass=always"])
+    ro, _ = t.collect(0)
+    calls = _count_forwards(t)
+    t.learn(0, ro)
+    m = t.learn(1, ro)
+    assert len(calls) == 2 * (1 + t.tcfg["mini_batches"] * t.tcfg["ppo_epochs"] + 1) and sum(calls) == 2
+    assert m["t_ref_forward"] > 0 and m["ref_kl"] == m["ref_kl"] and "arca_residual_mean" in m
 
 
 def test_arca_weights_leave_uniform_once_the_adapter_is_trained(tmp_path):
@@ -124,7 +138,7 @@ def test_arca_weights_leave_uniform_once_the_adapter_is_trained(tmp_path):
 
 
 def test_uniform_and_full_finetuning_diagnostics(tmp_path):
-    u = _trainer("arca_uniform", tmp_path)[0].train_step(0)
+    u = _trainer("arca_uniform", tmp_path, ["trainer.lora.reference_pass=when_needed"])[0].train_step(0)
     assert u["weight_gini"] == 0.0 and u["eff_token_ratio"] == pytest.approx(1.0) and u["t_ref_forward"] == 0.0
     assert "arca_residual_mean" not in u and "random_residual_gini" not in u
     d = _trainer("dapo", tmp_path)[0]  # full fine-tuning: no peft, every parameter trains

@@ -312,9 +312,11 @@ class Trainer:
 
         t1 = time.perf_counter()
         wanted = {n for fn, _ in self.credit_fns + self.token_filters for n in credit_inputs_of(fn)}
-        # the reference pass (adapter disabled) runs only when a credit function takes its outputs (or the
-        # random-adapter control needs h^base); it then gives ref log-probs AND h^base in one forward
-        need_ref = bool(wanted & set(REF_INPUTS)) or self.random_control
+        # the reference pass (adapter disabled) runs when a credit function takes its outputs, the random-
+        # adapter control needs h^base, or trainer.lora.reference_pass=always; ONE forward gives ref log-probs
+        # AND h^base
+        need_ref = bool(wanted & set(REF_INPUTS)) or self.random_control or (
+            self.peft is not None and self.lcfg.get("reference_pass", "when_needed") == "always")
         need_hidden = "hidden" in wanted or need_ref  # h^adapted: ARCA's residual is taken against it
         self.model.eval()  # the no-grad forwards are deterministic (no LoRA dropout)
         with torch.no_grad(), _autocast(self.device):
@@ -360,6 +362,8 @@ class Trainer:
         t_d = time.perf_counter()
         residual = None if ref is None else adapter_residual_norm(old.hidden, ref.hidden)  # [B, T]
         metrics.update(weight_diagnostics(weights.detach(), mask, residual))
+        if ref is not None:  # drift from the base model: k1 estimate of KL(pi || pi_ref) on the sampled tokens
+            metrics["ref_kl"] = ((old.logp - ref.logp) * mask).sum().item() / max(1.0, mask.sum().item())
         if rand_hidden is not None:
             metrics["arca_residual_gini"] = _mean_row_gini(residual, mask)
             metrics["random_residual_gini"] = _mean_row_gini(adapter_residual_norm(rand_hidden, ref.hidden), mask)
