@@ -66,6 +66,26 @@ def cancellation_results(delta_results) -> Path:
     return delta_results
 
 
+def test_arca_lora_runs_train_merge_and_evaluate(cancellation_results):
+    """Paper D through the DAG: two LoRA runs (uniform and ARCA at the top rank) train, save the merged model
+    and the adapter, log the concentration diagnostics, and the ARCA run is evaluated from its merged model
+    (the whole sweep and its tables are `make run`; the table layer's train_mean cells are unit-tested)."""
+    micro = cancellation_results / "micro"
+    targets = [str(micro / "runs/micro-s/uniform-r64/s0/DONE"), str(micro / "evals/micro-s/arca-r64/s0/metrics.json")]
+    proc = _snakemake(*targets, results=cancellation_results, papers="dlogp,delta,dfpo,cancellation,arca")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    for run in ("uniform-r64", "arca-r64"):
+        rd = micro / f"runs/micro-s/{run}/s0"
+        assert (rd / "final/config.json").is_file() and (rd / "adapter").is_dir(), run
+        rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+        for key in ("weight_gini", "eff_token_ratio", "ref_kl", "arca_residual_mean", "random_residual_gini"):
+            assert all(key in r for r in rows), (run, key)
+    uni = [json.loads(x) for x in (micro / "runs/micro-s/uniform-r64/s0/metrics.jsonl").read_text().splitlines()]
+    assert all(abs(r["weight_gini"]) < 1e-6 for r in uni)  # uniform weights: Gini 0 at every step
+    ev = json.loads((micro / "evals/micro-s/arca-r64/s0/metrics.json").read_text())
+    assert "medium" in ev["suites"]
+
+
 def test_cancellation_table_runs_and_analyses(cancellation_results):
     micro = cancellation_results / "micro"
     df = pd.read_csv(micro / "tables/cancellation/broken.csv")

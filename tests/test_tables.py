@@ -137,6 +137,7 @@ def test_resolve_metric() -> None:
     assert resolve_metric("pass@k", 16) == "pass@16"
     assert resolve_metric("pass@1", 8) == "pass@1"
     assert resolve_metric("greedy", 8) == "greedy"
+    assert resolve_metric("pass@4", 8) == "pass@4"  # a fixed N (ARCA's pass@4)
     with pytest.raises(ValueError, match="choices"):
         resolve_metric("avg@32", 8)
     with pytest.raises(ValueError, match="positive"):

@@ -53,6 +53,7 @@ def test_train_mean_cells(tmp_path):
     assert cell("ARCA", "Gini vs uniform").ours_mean == pytest.approx(3.0)
     md = table_markdown(df, paper.table("conc"), paper)
     assert "`weight_gini`" in md and "0.3 [" in md
+    assert "**Gini**: mean over RL steps of `weight_gini`" in md and "wall time" not in md.split("## Columns")[1]
 
 
 @pytest.mark.parametrize("column, match", [

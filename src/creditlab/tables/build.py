@@ -646,6 +646,14 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
     column = spec.column(column_name)
     if column.metric == "steps_to":
         return _steps_to_note(column, scale, df)
+    if column.metric == "train_mean":
+        what = (f"mean over RL steps of `{column.key}` (the run's training metrics.jsonl; steps where it is not "
+                f"logged or not finite are skipped), steps of all seeds pooled, 95% bootstrap CI over steps; "
+                f"base-model rows: empty (not trained)")
+        if column.relative_to is not None:
+            what += (f"; as {'a ratio to' if column.relative == 'ratio' else 'a % difference vs'} run "
+                     f"`{column.relative_to}` on the same backbone (CI from the ratio of bootstrap means)")
+        return f"- **{column.name}**: {what}"
     if column.is_training:
         what = (f"mean wall time per RL step (`t_step` of the run's training metrics.jsonl) in seconds, "
                 f"steps of all seeds pooled, 95% bootstrap CI over steps; base-model rows: empty (not trained)")

@@ -11,6 +11,7 @@ the offending key and the valid choices, raised before any job starts.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -387,10 +388,25 @@ def _lookup(mapping: dict[str, dict[str, Any]], what: str, key: str, scale: str,
     return mapping[key][scale]
 
 
+_FIXED_K = re.compile(r"pass@[1-9][0-9]*")
+"""pass@N at a fixed N (`pass@4`: ARCA's table; the unbiased estimator from the evaluation's k >= N samples),
+besides the symbolic metrics. avg@N is not one: avg@k is the mean over all k samples, whatever the scale."""
+
+
+def is_metric(metric: Any) -> bool:
+    return isinstance(metric, str) and (metric in METRICS or bool(_FIXED_K.fullmatch(metric)))
+
+
+def _check_metric(chk: "_Checker", metric: Any, where: str) -> str:
+    if not is_metric(metric):
+        chk.fail(where, f"unknown metric {metric!r} (or pass@N with a fixed N)", METRICS)
+    return metric
+
+
 def resolve_metric(metric: str, k: int) -> str:
     """Concrete metric name for a symbolic one: resolve_metric("avg@k", 8) == "avg@8"
-    (other metrics, step_time included, are returned unchanged)."""
-    if metric not in METRICS:
+    (other metrics, step_time and fixed-k ones like pass@4 included, are returned unchanged)."""
+    if not is_metric(metric):
         raise ValueError(f"unknown metric {metric!r}; choices: {list(METRICS)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -533,7 +549,7 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
         chk.fail(f"{where}.name", f"duplicate column name {name!r}", names)
     kinds = [k for k in ("benchmark", "benchmarks", "average_of") if k in body]
     if "metric" in body:  # an unknown metric first: it decides which keys the column takes
-        chk.choice(body["metric"], f"{where}.metric", METRICS)
+        _check_metric(chk, body["metric"], f"{where}.metric")
     if body.get("metric") in TRAINING_METRICS:
         return _parse_training_column(chk, body, where, name, kinds, paper)
     for key in ("relative_to", "relative", "threshold", "smoothing", "key"):
@@ -561,7 +577,7 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
         return Column(name, average_of=refs, weighting=weighting)
     if "metric" not in body:
         chk.fail(where, "missing required key 'metric'", METRICS)
-    metric = chk.choice(body["metric"], f"{where}.metric", METRICS)
+    metric = _check_metric(chk, body["metric"], f"{where}.metric")
     if "benchmark" in body:
         bench = chk.choice(body["benchmark"], f"{where}.benchmark", benchmarks)
         return Column(name, benchmark=bench, metric=metric, weighting=weighting)
