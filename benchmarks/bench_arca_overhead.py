@@ -51,13 +51,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from creditlab import paths
-from creditlab.data.io import read_records
-from creditlab.data.prepare import prepare_tiny
 from creditlab.engines.local.trainer import Trainer
-from creditlab.models.tiny import build_model
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
+
+from _common import count_forwards, tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
 
 # arm -> (configs/method/ file, extra overrides): GRPO + LoRA, weights w = 1/T vs ARCA's residual weights
 ARMS = {
@@ -69,19 +67,6 @@ ORDERS = list(itertools.permutations(ARMS))  # cycled step by step: every pair o
 PER_ARM = ("t_old_forward", "t_ref_forward", "t_credit", "t_diagnostics", "t_update", "weight_gini",
            "eff_token_ratio", "ref_kl")
 GOAL_PCT = 2.0
-
-
-def _count_forwards(model) -> list[int]:
-    calls: list[int] = []
-    inner = model.model
-    original = inner.forward
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    inner.forward = counted
-    return calls
 
 
 def _ratio_pct(num: np.ndarray, den: np.ndarray, n_boot: int = 2000) -> tuple[float, list[float]]:
@@ -119,31 +104,18 @@ def main() -> None:
     ref_pass = {arm: cfg["trainer"]["lora"].get("reference_pass", "when_needed") for arm, cfg in cfgs.items()}
     assert ref_pass["uniform"] == "always" and ref_pass["uniform_no_ref"] == "when_needed", ref_pass
     lcfg = cfgs["arca"]["trainer"]["lora"]
-    data_dir = paths.fmt(paths.DATA_DIR, results=a.results, scale="tiny")
-    base_dir = paths.fmt(paths.BASE_DIR, results=a.results, scale="tiny", backbone=a.backbone)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     load_start = os.getloadavg()[0]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        if not (data_dir / "train.parquet").exists():
-            data_dir = Path(tmp) / "data"
-            prepare_tiny(cfgs["arca"]["data"], data_dir)
-        tok = AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
-        if (base_dir / "DONE").exists():
-            model, source = AutoModelForCausalLM.from_pretrained(str(base_dir)), "warmed-up base"
-        else:
-            arch = cfgs["arca"]["model"]["arch"]
-            model = build_model(arch, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-            source = "random init"
+        tok, model, source, records = tiny_world(a.results, a.backbone, cfgs["arca"], tmp)
         n_base = sum(p.numel() for p in model.parameters())
-        records = read_records(data_dir / "train.parquet")
         rows = []
         with RewardScorer(cfgs["arca"]["trainer"]["reward"]) as scorer:
             arms = {m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
                     for m, cfg in cfgs.items()}
             n_adapter = sum(p.numel() for p in arms["arca"].params)
-            forwards = {m: _count_forwards(tr.model) for m, tr in arms.items()}
+            forwards = {m: count_forwards(tr.model) for m, tr in arms.items()}
             for step in range(a.steps):
                 t0 = time.perf_counter()
                 ro, _ = arms["uniform"].collect(step)  # the shared part: generation + reward

@@ -24,28 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from creditlab import paths
-from creditlab.data.io import read_records
-from creditlab.data.prepare import prepare_tiny
 from creditlab.engines.local.trainer import Trainer
-from creditlab.models.tiny import build_model
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
 
+from _common import count_forwards, tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
+
 OVERRIDES = ["trainer.dynamic_sampling=false", "trainer.mini_batches=4"]  # Paper B's setting (configs/papers/delta.yaml)
-
-
-def _count_forwards(model) -> list[int]:
-    calls: list[int] = []
-    inner = model.model
-    original = inner.forward
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    inner.forward = counted
-    return calls
 
 
 def _ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
@@ -63,27 +48,14 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     cfgs = {m: compose("tiny", a.backbone, m, OVERRIDES) for m in ("dapo", "delta")}
-    data_dir = paths.fmt(paths.DATA_DIR, results=a.results, scale="tiny")
-    base_dir = paths.fmt(paths.BASE_DIR, results=a.results, scale="tiny", backbone=a.backbone)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        if not (data_dir / "train.parquet").exists():
-            data_dir = Path(tmp) / "data"
-            prepare_tiny(cfgs["dapo"]["data"], data_dir)
-        tok = AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
-        if (base_dir / "DONE").exists():
-            model, source = AutoModelForCausalLM.from_pretrained(str(base_dir)), "warmed-up base"
-        else:
-            arch = cfgs["dapo"]["model"]["arch"]
-            model = build_model(arch, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-            source = "random init"
-        records = read_records(data_dir / "train.parquet")
+        tok, model, source, records = tiny_world(a.results, a.backbone, cfgs["dapo"], tmp)
         rows = []
         with RewardScorer(cfgs["dapo"]["trainer"]["reward"]) as scorer:
             arms = {m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
                     for m, cfg in cfgs.items()}
-            forwards = {m: _count_forwards(tr.model) for m, tr in arms.items()}
+            forwards = {m: count_forwards(tr.model) for m, tr in arms.items()}
             for step in range(a.steps):
                 t0 = time.perf_counter()
                 ro, _ = arms["dapo"].collect(step)  # the shared part: generation + reward

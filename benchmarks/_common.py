@@ -1,0 +1,46 @@
+"""What the paired-arm benchmarks share: the tiny world (data, tokenizer, warmed-up base model, or a fresh
+one when `results/` has none) and a forward-pass counter on a model's decoder stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from creditlab import paths
+from creditlab.data.io import read_records
+from creditlab.data.prepare import prepare_tiny
+from creditlab.models.tiny import build_model
+
+
+def count_forwards(model) -> list[int]:
+    """Patch the decoder stack's forward; each call appends 1 to the returned list."""
+    calls: list[int] = []
+    inner = model.model
+    original = inner.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    inner.forward = counted
+    return calls
+
+
+def tiny_world(results: str, backbone: str, cfg: dict[str, Any], tmp: str):
+    """(tokenizer, base model, source, train records): the pipeline's tiny data and warmed-up base model when
+    `results` has them, else data prepared into `tmp` and a randomly initialised model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data_dir = paths.fmt(paths.DATA_DIR, results=results, scale="tiny")
+    base_dir = paths.fmt(paths.BASE_DIR, results=results, scale="tiny", backbone=backbone)
+    if not (data_dir / "train.parquet").exists():
+        data_dir = Path(tmp) / "data"
+        prepare_tiny(cfg["data"], data_dir)
+    tok = AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
+    if (base_dir / "DONE").exists():
+        model, source = AutoModelForCausalLM.from_pretrained(str(base_dir)), "warmed-up base"
+    else:
+        arch = cfg["model"]["arch"]
+        model = build_model(arch, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+        source = "random init"
+    return tok, model, source, read_records(data_dir / "train.parquet")
