@@ -32,6 +32,7 @@ from torch import Tensor
 from creditlab.engines.local.batch import pack, response_forward
 
 MODES = ("joint", "positive_only", "negative_only", "shuffled")
+_SHORT = {"positive_only": "pos-only", "negative_only": "neg-only"}
 CLASSES = ("boosted", "suppressed", "stable")
 
 
@@ -213,7 +214,7 @@ def plot(result: dict[str, Any], png) -> None:
         for m in modes:
             for side in ("positive", "negative"):
                 r = next(x for x in result["rows"] if x["mode"] == m and x["tokens"] == subset and x["rollouts"] == side)
-                labels.append(f"{m}\n{'A>0' if side == 'positive' else 'A<0'}")
+                labels.append(f"{_SHORT.get(m, m)}\n{'A>0' if side == 'positive' else 'A<0'}")
                 for c in CLASSES:
                     data[c].append(r[c])
         x = range(len(labels))
@@ -224,8 +225,9 @@ def plot(result: dict[str, Any], png) -> None:
         ax.set_xticks(list(x), labels, fontsize=7)
         ax.set_title(f"{subset} tokens" + (f" (p < {result['uncertain_p']})" if subset == "uncertain" else ""))
         ax.set_ylabel("% of tokens")
-    axes[0].legend(loc="lower left", fontsize=8)
-    fig.suptitle(f"Token flipping after one update (eps = {result['eps']})")
-    fig.tight_layout()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper right", fontsize=8, ncol=3)
+    fig.suptitle(f"Token flipping after one update (eps = {result['eps']})", x=0.3)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(png, dpi=120)
     plt.close(fig)
