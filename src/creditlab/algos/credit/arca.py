@@ -93,7 +93,8 @@ def gini(w: Tensor, mask: Tensor) -> Tensor:
     coef = torch.where(in_row, 2 * rank - n.unsqueeze(-1).to(x.dtype) - 1, torch.zeros_like(xs))
     num = (coef * xs).sum(-1)
     den = n.to(x.dtype) * xs.sum(-1)
-    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+    g = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+    return g.clamp(min=0.0)  # in [0, 1) for non-negative values: a uniform row's rounding (-1e-9) reads 0
 
 
 def effective_token_ratio(w: Tensor, mask: Tensor) -> Tensor:
