@@ -188,7 +188,7 @@ def test_runs_are_done_resumable_and_tracked(micro_results):
     overlaps = [n for per_split in report["overlap"].values() for n in per_split.values()]
     assert overlaps and all(n == 0 for n in overlaps)
     lines = (micro_results / "micro/evals/micro-m/dapo-ds/s0/hard.jsonl").read_text().splitlines()
-    assert len(lines) == 12 * (1 + 2)  # 12 questions x (greedy + k=2 samples): nothing lost
+    assert len(lines) == 12 * (1 + 4)  # 12 questions x (greedy + k=4 samples): nothing lost
     with sqlite3.connect(micro_results / "mlflow.db") as db:
         names = {r[0] for r in db.execute("select name from experiments")}
         assert {"dlogp", "base-models"} <= names

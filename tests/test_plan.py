@@ -167,3 +167,25 @@ def test_per_paper_seeds_reach_the_plan(tmp_path):
     # a job of one run (CLI --seed) plans that seed for every paper, listed in a paper's seeds or not
     one = build_plan(pipe | {"seeds": [9], "ignore_paper_seeds": True}, cfg_dir, validate=False)
     assert one.get("tiny-s", "solo", 9).papers == ["own"] and one.paper_seeds("own") == [9]
+
+
+def test_papers_all_keeps_the_pipeline_order_first(tmp_path):
+    """Jobs plan with `--papers all`; a run shared by papers is tracked under the first paper's experiment,
+    so the pipeline config's order comes first and a new paper config never moves an existing run."""
+    import argparse
+
+    import yaml
+
+    from creditlab.cli import _pipeline
+    from creditlab.plan import CONFIG_DIR, all_papers, build_plan
+
+    cfg = yaml.safe_load((CONFIG_DIR / "pipeline.yaml").read_text())
+    cfg["papers"] = ["delta", "dlogp"]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    a = argparse.Namespace(pipeline_config=str(path), scale="micro", seeds=None, seed=0, papers="all")
+    papers = _pipeline(a)["papers"]
+    assert papers[:2] == ["delta", "dlogp"] and sorted(papers) == sorted(all_papers())
+    plan = build_plan(_pipeline(a), validate=False)
+    dapo = next(r for r in plan.runs.values() if r.run == "dapo" and r.backbone == "micro-s")
+    assert dapo.experiment == "delta" and dapo.papers[0] == "delta"  # not cancellation, which also uses it

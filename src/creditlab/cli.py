@@ -45,7 +45,10 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
         cfg["seeds"] = [a.seed]                  # not even in a paper's own seeds)
         cfg["ignore_paper_seeds"] = True
     if getattr(a, "papers", None) == "all":
-        cfg["papers"] = all_papers()
+        # the pipeline config's order first: a run shared by papers is tracked under the first one's
+        # experiment, so adding a paper config (appended to that list) never moves an existing run
+        listed = [p for p in cfg.get("papers", []) if p in all_papers()]
+        cfg["papers"] = listed + [p for p in all_papers() if p not in listed]
     elif getattr(a, "papers", None):
         cfg["papers"] = a.papers.split(",")
     return cfg
