@@ -3,6 +3,7 @@ one when `results/` has none) and a forward-pass counter on a model's decoder st
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,10 @@ def tiny_world(results: str, backbone: str, cfg: dict[str, Any], tmp: str):
         model = build_model(arch, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
         source = "random init"
     return tok, model, source, read_records(data_dir / "train.parquet")
+
+
+def write_result(result: dict[str, Any], out: str) -> None:
+    """Write the benchmark's JSON (rows included) and print its summary (rows left out)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))

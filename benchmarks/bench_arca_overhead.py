@@ -55,7 +55,7 @@ from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
 
-from _common import count_forwards, tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 # arm -> (configs/method/ file, extra overrides): GRPO + LoRA, weights w = 1/T vs ARCA's residual weights
 ARMS = {
@@ -185,9 +185,7 @@ def main() -> None:
         },
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    write_result(result, a.out)
 
 
 if __name__ == "__main__":

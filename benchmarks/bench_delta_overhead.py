@@ -28,7 +28,7 @@ from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
 
-from _common import count_forwards, tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 OVERRIDES = ["trainer.dynamic_sampling=false", "trainer.mini_batches=4"]  # Paper B's setting (configs/papers/delta.yaml)
 
@@ -90,9 +90,7 @@ def main() -> None:
         "paper": "+37 s, ~10.2% of the first step on 8xB200 with 3 extra forward passes",
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    write_result(result, a.out)
 
 
 if __name__ == "__main__":

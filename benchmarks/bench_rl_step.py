@@ -19,13 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from creditlab import paths
-from creditlab.data.io import read_records
-from creditlab.data.prepare import prepare_tiny
 from creditlab.engines.local.trainer import Trainer
-from creditlab.models.tiny import build_model
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
+
+from _common import tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
 
 PARTS = ("t_gen", "t_reward", "t_old_forward", "t_update")
 
@@ -39,22 +37,10 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = compose("tiny", "tiny-s", "dapo")
     cfg["trainer"]["steps"] = a.steps
-    data_dir = paths.fmt(paths.DATA_DIR, results=a.results, scale="tiny")
-    base_dir = paths.fmt(paths.BASE_DIR, results=a.results, scale="tiny", backbone="tiny-s")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     with tempfile.TemporaryDirectory() as tmp:
-        if not (data_dir / "train.parquet").exists():
-            data_dir = Path(tmp) / "data"
-            prepare_tiny(cfg["data"], data_dir)
-        tok = AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
-        if (base_dir / "DONE").exists():
-            model, source = AutoModelForCausalLM.from_pretrained(str(base_dir)), "warmed-up base"
-        else:
-            model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
-            source = "random init"
+        tok, model, source, records = tiny_world(a.results, "tiny-s", cfg, tmp)
         with RewardScorer(cfg["trainer"]["reward"]) as scorer:
-            tr = Trainer(cfg, model, tok, read_records(data_dir / "train.parquet"), scorer, Path(tmp) / "ckpt",
+            tr = Trainer(cfg, model, tok, records, scorer, Path(tmp) / "ckpt",
                          progress=True)
             t0 = time.perf_counter()
             hist = [tr.train_step(s) for s in range(a.steps)]
