@@ -1,0 +1,128 @@
+"""verl custom reward function: one ``compute_score`` for every data source creditlab trains on.
+
+verl calls a custom reward function (``custom_reward_function.path=<this file>``,
+``custom_reward_function.name=compute_score``) from its reward managers as
+``compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)``
+-- the signature of verl's ``verl.utils.reward_score.default_compute_score(data_source,
+solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None, concurrent_semaphore=None,
+memory_limit_mb=None, **kwargs)``; extra keyword arguments are accepted and ignored. It returns a
+float (verl also accepts a dict with a ``"score"`` key; we return plain floats).
+
+Dispatch on ``data_source`` (case-insensitive) [ours]:
+
+* GPQA (``gpqa-diamond``, ``Idavidrein/gpqa``, any name containing ``gpqa``) and MMLU-Pro (any name
+  containing ``mmlu``) -> :func:`creditlab.rewards.multiple_choice.multiple_choice_score`, with the
+  option count from ``extra_info`` (``n_options`` or ``meta.n_options``), else 4 for GPQA and 10 for
+  MMLU-Pro;
+* LiveCodeBench (any name containing ``livecodebench`` or ``code_generation``) -> the code-execution
+  verifier of :mod:`creditlab.rewards.code_exec` (imported lazily, on the first code sample), given
+  the tests JSON of the record's ``answer`` and ``func_name`` / ``starter_code`` from ``extra_info``;
+* math (names containing ``math``, ``aime``, ``amc``, ``hmmt``, ``brumo``, ``minerva``, ``olympiad``,
+  ``deepmath``, ``arith``) -> :func:`creditlab.rewards.math_verify_reward.math_verify_score` (the papers'
+  reward; verl's own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources);
+* anything else raises ``NotImplementedError``, as verl's default does.
+
+``extra_info`` is the verl parquet column of that name; we read ``n_options``, ``func_name`` and
+``starter_code`` either at its top level or inside ``meta`` (a dict, or the JSON string our parquet
+files store).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from creditlab.rewards.math_verify_reward import math_verify_score
+from creditlab.rewards.multiple_choice import multiple_choice_score
+
+GPQA_N_OPTIONS = 4
+MMLU_PRO_N_OPTIONS = 10
+_MATH_MARKERS = ("math", "aime", "amc", "hmmt", "brumo", "minerva", "olympiad", "deepmath", "arith")
+_CODE_MARKERS = ("livecodebench", "code_generation")
+
+
+def _info(extra_info: Mapping[str, Any] | None, key: str) -> Any:
+    """``extra_info[key]``, else ``extra_info["meta"][key]`` (meta may be a JSON string), else None."""
+    if not extra_info:
+        return None
+    if extra_info.get(key) is not None:
+        return extra_info[key]
+    meta = extra_info.get("meta")
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            return None
+    if isinstance(meta, Mapping):
+        return meta.get(key)
+    return None
+
+
+def data_source_kind(data_source: str) -> str:
+    """``"multiple_choice"``, ``"code"`` or ``"math"`` for a verl ``data_source``; ValueError otherwise."""
+    name = data_source.lower()
+    if "gpqa" in name or "mmlu" in name:
+        return "multiple_choice"
+    if any(marker in name for marker in _CODE_MARKERS):
+        return "code"
+    if any(marker in name for marker in _MATH_MARKERS):
+        return "math"
+    raise ValueError(f"no creditlab reward for data_source {data_source!r}")
+
+
+def code_exec_reward() -> Callable[..., float]:
+    """The code-execution reward, imported on first use (the module may pull heavy sandboxing).
+
+    Looks for ``code_exec_score`` in :mod:`creditlab.rewards.code_exec`, else the function that
+    module registers as reward ``code_exec``. Its contract: ``fn(response, gold, **kw) -> float``
+    with ``gold`` the tests JSON; keyword arguments it declares among ``func_name`` /
+    ``starter_code`` are passed (see :func:`_score_code`).
+    """
+    from creditlab.rewards import code_exec  # noqa: PLC0415 - lazy on purpose
+
+    fn = getattr(code_exec, "code_exec_score", None)
+    if fn is None:
+        from creditlab.algos import registry
+
+        fn = registry.get("reward", "code_exec")
+    return fn
+
+
+def _score_code(solution_str: str, ground_truth: str, extra_info: Mapping[str, Any] | None) -> float:
+    fn = code_exec_reward()
+    wanted = {"func_name": _info(extra_info, "func_name"), "starter_code": _info(extra_info, "starter_code")}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in wanted.items() if v is not None and (takes_any or k in params)}
+    return float(fn(solution_str, ground_truth, **kwargs))
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> float:
+    """Score one verl sample with creditlab's verifier for its ``data_source`` (see module docstring).
+
+    Raises:
+        NotImplementedError: for a data source we have no verifier for.
+    """
+    try:
+        kind = data_source_kind(data_source)
+    except ValueError as err:
+        raise NotImplementedError(str(err)) from err
+    if kind == "multiple_choice":
+        n_options = _info(extra_info, "n_options")
+        if n_options is None:
+            n_options = GPQA_N_OPTIONS if "gpqa" in data_source.lower() else MMLU_PRO_N_OPTIONS
+        return float(multiple_choice_score(solution_str, str(ground_truth), n_options=int(n_options)))
+    if kind == "code":
+        return _score_code(solution_str, ground_truth, extra_info)
+    return float(math_verify_score(solution_str, str(ground_truth)))
