@@ -1,7 +1,8 @@
 """Verifiable rewards: math-verify / DAPO answer checks, and a hang-proof cached batch scorer.
 
 Importing this package registers the rewards under kind ``"reward"`` (``math_verify``,
-``dapo_answer``) in :mod:`creditlab.algos.registry`.
+``dapo_answer``, ``multiple_choice``, ``code_exec``) in :mod:`creditlab.algos.registry` and their
+extract/judge pairs in ``REWARD_SPECS`` (what the scorer's worker processes run).
 """
 
 from creditlab.rewards.math_verify_reward import (
@@ -14,6 +15,7 @@ from creditlab.rewards.math_verify_reward import (
     math_verify_score,
     normalize_dapo_answer,
 )
+from creditlab.rewards import code_exec, multiple_choice  # noqa: F401,E402  (register their rewards)
 from creditlab.rewards.scorer import RewardScorer
 
 __all__ = [

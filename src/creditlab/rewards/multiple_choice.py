@@ -63,7 +63,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from creditlab.algos.registry import register
-from creditlab.rewards.math_verify_reward import RewardSpec
+from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DEFAULT_N_OPTIONS = 10
@@ -334,8 +334,7 @@ MULTIPLE_CHOICE_SPEC = RewardSpec(
     failure=MC_WRONG,
     cache_tag="multiple_choice/v1",
 )
-"""Extract/judge split of ``multiple_choice`` for :class:`~creditlab.rewards.scorer.RewardScorer`.
-
-Not yet in :data:`~creditlab.rewards.math_verify_reward.REWARD_SPECS` (that table lives in another
-module); the scorer needs it there to run this reward in its workers.
-"""
+"""Extract/judge split of ``multiple_choice`` for :class:`~creditlab.rewards.scorer.RewardScorer`
+(added to :data:`~creditlab.rewards.math_verify_reward.REWARD_SPECS` below; ``creditlab.rewards`` imports
+this module, so scorer workers see it)."""
+REWARD_SPECS.setdefault("multiple_choice", MULTIPLE_CHOICE_SPEC)
