@@ -284,6 +284,28 @@ def cmd_table(a: argparse.Namespace) -> None:
                          title=f"{spec.title}: {a.table}")
 
 
+def cmd_ledger(a: argparse.Namespace) -> None:
+    """Build a paper's reproduction ledger (Markdown + CSV): every cell of its tables built at the scale with
+    provenance, and its claims tested by a paired bootstrap (creditlab.tables.ledger). Reads the table CSVs."""
+    import pandas as pd
+
+    from creditlab.tables.ledger import build_ledger, verdict_summary, write_ledger
+    from creditlab.tracking.mlflow_tracker import tracking_uri
+
+    plan = build_plan(_pipeline(a), validate=False)
+    spec = plan.papers[a.paper]
+    k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
+    tables = {name: pd.read_csv(paths.fmt(paths.TABLE_CSV, results=a.results, scale=plan.scale, paper=a.paper,
+                                          table=name), keep_default_na=False, na_values=[""])
+              for name in spec.tables_at(plan.scale)}
+    root = Path(a.results) / plan.scale
+    df, results = build_ledger(spec, plan.scale, plan.paper_seeds(a.paper), tables, root / "evals", k,
+                               root / "runs", tracking_uri(Path(a.results)))
+    fill = dict(results=a.results, scale=plan.scale, paper=a.paper)
+    write_ledger(spec, plan.scale, df, results, paths.fmt(paths.LEDGER_CSV, **fill), paths.fmt(paths.LEDGER_MD, **fill))
+    print(verdict_summary(results))
+
+
 def cmd_diagnose(a: argparse.Namespace) -> None:
     """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON)."""
     from creditlab.data.io import read_records
@@ -434,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--paper", required=True)
     sp.add_argument("--table", required=True)
     sp.set_defaults(fn=cmd_table)
+    sp = sub.add_parser("ledger", help=cmd_ledger.__doc__)
+    sp.add_argument("--paper", required=True)
+    sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("diagnose", help=cmd_diagnose.__doc__)
     run_args(sp)
     sp.add_argument("--suites", default="easy,medium,hard", help="comma-separated suites whose prompts are used")

@@ -50,7 +50,36 @@ def all_tables():
     for paper, table in PLAN.tables:  # the tables buildable at this scale
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
         out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
-    return out + all_figures() + all_analyses()
+    return out + all_figures() + all_analyses() + all_ledgers()
+
+
+def ledger_papers():
+    """The papers with at least one table buildable at this scale (each gets a reproduction ledger)."""
+    return list(dict.fromkeys(paper for paper, _ in PLAN.tables))
+
+
+def all_ledgers():
+    return [str(paths.fmt(p, results=RESULTS, scale=SCALE, paper=paper))
+            for paper in ledger_papers() for p in (paths.LEDGER_CSV, paths.LEDGER_MD)]
+
+
+def ledger_inputs(wildcards):
+    """A ledger reads its paper's table CSVs (the cells) and the evaluation / training files those tables read
+    (the claims' bootstraps read the per-question and per-step data)."""
+    out = {"tables": [], "evals": [], "curves": []}
+    for paper, table in PLAN.tables:
+        if paper != wildcards.paper:
+            continue
+        out["tables"].append(str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=paper, table=table)))
+        ins = table_inputs(type("W", (), {"paper": paper, "table": table})())
+        out["evals"] += [p for p in ins["evals"] if p not in out["evals"]]
+        out["curves"] += [p for p in ins["curves"] if p not in out["curves"]]
+    return out
+
+
+def ledger_params(wildcards):
+    """What defines a ledger's claims (a re-run trigger): the paper's claims."""
+    return [repr(c) for c in PLAN.papers[wildcards.paper].claims]
 
 
 def figure_paths(paper, name):

@@ -28,6 +28,30 @@ rule table:
         "{params.cli} --seeds {params.seeds} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
 
 
+rule ledger:
+    input:
+        unpack(ledger_inputs),
+    output:
+        md=report(
+            at_scale(paths.LEDGER_MD),
+            caption="../report/ledger.rst",
+            category="{paper}",
+            subcategory="ledger",
+            labels={"paper": "{paper}", "kind": "reproduction ledger"},
+        ),
+        csv=at_scale(paths.LEDGER_CSV),
+    log:
+        log_for("ledger/{paper}"),
+    params:
+        cli=CLI,
+        seeds=paper_seeds,
+        claims=ledger_params,
+    conda:
+        ENV
+    shell:
+        "{params.cli} --seeds {params.seeds} ledger --paper {wildcards.paper} > {log} 2>&1"
+
+
 rule figure:
     input:
         figure_table,

@@ -45,7 +45,7 @@ WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
 _TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures",
-             "seeds", "analyses")
+             "seeds", "analyses", "claims")
 _ANALYSIS_KEYS = ("kind", "caption", "backbone", "run", "start", "params")
 ANALYSIS_STARTS = ("base", "trained")
 """Where an analysis starts: the warmed-up base model, or the final state (model + optimizer) of its run."""
@@ -72,6 +72,19 @@ _TRAINING_COLUMN_KEYS = {
     "steps_to": ("name", "metric", "threshold", "smoothing", "relative_to", "relative"),
 }
 """The keys each training-cost column takes (steps_to: `threshold` required)."""
+CLAIM_KINDS = ("better", "best_of", "order", "between")
+"""Claim kinds (creditlab.tables.ledger tests them): `better` row > one `over` row; `best_of` row > every `over`
+row (Holm); `order` rows[0] > rows[1] > ... (Holm over the links); `between` every `over` row < row < every
+`under` row (Holm)."""
+CLAIM_DIRECTIONS = ("higher", "lower")
+_CLAIM_KEYS = ("id", "text", "table", "column", "kind", "backbone", "row", "over", "under", "rows", "direction")
+_CLAIM_KIND_KEYS = {
+    "better": ("row", "over"),
+    "best_of": ("row", "over"),
+    "order": ("rows",),
+    "between": ("row", "over", "under"),
+}
+"""The row keys each claim kind requires (the others are refused)."""
 _ROW_KEYS = ("label", "backbone", "run", "decode", "paper")
 _DECODE_KEYS = ("criterion", "threshold", "gamma", "decode_with", "top_k_support")
 DECODE_CRITERIA = ("dlogp", "kl", "reverse_kl", "js", "entropy", "random")
@@ -143,6 +156,34 @@ class Row:
     decode: str | None = None
     """A test-time decoding (paper config ``decodes``) evaluated with the backbone's base model and
     this row's RL run, instead of plain sampling from the run's model."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim about one column of one of its tables, tested by creditlab.tables.ledger.
+
+    Rows are (label, backbone) pairs of the table. `better`: row > over[0]; `best_of`: row > each of over;
+    `order`: rows[0] > rows[1] > ...; `between`: each of over < row < each of under. `direction: lower` flips
+    every comparison (lower is better, e.g. a step time)."""
+
+    id: str
+    text: str
+    table: str
+    column: str
+    kind: str
+    row: tuple[str, str] | None = None
+    over: tuple[tuple[str, str], ...] = ()
+    under: tuple[tuple[str, str], ...] = ()
+    rows: tuple[tuple[str, str], ...] = ()
+    direction: str = "higher"
+
+    def comparisons(self) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+        """The (winner, loser) pairs the claim needs, each `winner > loser` (in `direction`)."""
+        if self.kind == "order":
+            return list(zip(self.rows[:-1], self.rows[1:]))
+        assert self.row is not None
+        pairs = [(self.row, o) for o in self.over]
+        return pairs + [(u, self.row) for u in self.under]
 
 
 @dataclass(frozen=True)
@@ -289,6 +330,8 @@ class PaperSpec:
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
     figures: dict[str, FigureSpec] = field(default_factory=dict)
     analyses: dict[str, AnalysisSpec] = field(default_factory=dict)
+    claims: tuple[Claim, ...] = ()
+    """The paper's headline claims, tested in its reproduction ledger (creditlab.tables.ledger)."""
     seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The paper's own seeds per scale (``seeds: {tiny: [0, 1, 2]}``); a scale not listed uses the
     pipeline's (see `seeds_at`)."""
@@ -746,7 +789,75 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         figures=_parse_figures(chk, body.get("figures"), tables, context),
         analyses=_parse_analyses(chk, body.get("analyses"), context),
         seeds=_parse_seeds(chk, body.get("seeds"), scales),
+        claims=_parse_claims(chk, body.get("claims"), tables),
     )
+
+
+def _parse_claims(chk: _Checker, data: Any, tables: Mapping[str, TableSpec]) -> tuple[Claim, ...]:
+    """Parse `claims`: a list of {id, text, table, column, kind, [backbone], row / over / under / rows,
+    [direction]}; every table, column, row and kind checked (errors name the choices)."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        chk.fail("claims", f"expected a list of claims, got {type(data).__name__}")
+    claims: list[Claim] = []
+    for i, item in enumerate(data):
+        where = f"claims[{i}]"
+        body = chk.keys(item, where, _CLAIM_KEYS, required=("id", "text", "table", "column", "kind"))
+        cid = chk.string(body["id"], f"{where}.id")
+        where = f"{where} ({cid})"
+        if cid in [c.id for c in claims]:
+            chk.fail(f"{where}.id", f"duplicate claim id {cid!r}", [c.id for c in claims])
+        text = " ".join(chk.string(body["text"], f"{where}.text").split())
+        table = chk.choice(body["table"], f"{where}.table", tables)
+        spec = tables[table]
+        column = chk.choice(body["column"], f"{where}.column", [c.name for c in spec.columns])
+        if spec.column(column).metric == "steps_to":
+            chk.fail(f"{where}.column", "a steps_to column cannot be tested (one value per seed)",
+                     [c.name for c in spec.columns if c.metric != "steps_to"])
+        kind = chk.choice(body["kind"], f"{where}.kind", CLAIM_KINDS)
+        needed = _CLAIM_KIND_KEYS[kind]
+        for key in ("row", "over", "under", "rows"):
+            if key in body and key not in needed:
+                chk.fail(f"{where}.{key}", f"a {kind} claim takes no {key!r}", needed)
+            if key in needed and key not in body:
+                chk.fail(where, f"a {kind} claim needs {key!r}", needed)
+        direction = chk.choice(body.get("direction", "higher"), f"{where}.direction", CLAIM_DIRECTIONS)
+        backbones = _unique_list(r.backbone for r in spec.rows)
+        backbone = chk.choice(body["backbone"], f"{where}.backbone", backbones) if "backbone" in body else None
+
+        def ref(label: Any, at: str) -> tuple[str, str]:
+            matches = [r for r in spec.rows if r.label == label and backbone in (None, r.backbone)]
+            if len(matches) == 1:
+                return (matches[0].label, matches[0].backbone)
+            choices = _unique_list(r.label for r in spec.rows if backbone in (None, r.backbone))
+            if not matches:
+                chk.fail(at, f"unknown row {label!r} in table {table!r}"
+                         + (f" on backbone {backbone!r}" if backbone else ""), choices)
+            chk.fail(at, f"row {label!r} is on several backbones: set the claim's `backbone`", backbones)
+
+        def refs(key: str, least: int, most: int | None = None) -> tuple[tuple[str, str], ...]:
+            value = body[key]
+            if not isinstance(value, list) or len(value) < least or (most is not None and len(value) > most):
+                n = f"{least}" if most == least else f"at least {least}"
+                chk.fail(f"{where}.{key}", f"expected a list of {n} row labels, got {value!r}")
+            out = tuple(ref(v, f"{where}.{key}[{j}]") for j, v in enumerate(value))
+            return out
+
+        fields: dict[str, Any] = {}
+        if "row" in needed:
+            fields["row"] = ref(body["row"], f"{where}.row")
+        if "over" in needed:
+            fields["over"] = refs("over", 1, 1 if kind == "better" else None)
+        if "under" in needed:
+            fields["under"] = refs("under", 1)
+        if "rows" in needed:
+            fields["rows"] = refs("rows", 2)
+        claim = Claim(cid, text, table, column, kind, direction=direction, **fields)
+        if any(a == b for a, b in claim.comparisons()):
+            chk.fail(where, "a claim compares a row with itself")
+        claims.append(claim)
+    return tuple(claims)
 
 
 def _parse_analyses(chk: _Checker, data: Any, paper: Mapping[str, Any]) -> dict[str, AnalysisSpec]:

@@ -1,0 +1,407 @@
+"""The reproduction ledger of a paper: every table cell at a scale with its provenance, and the paper's
+claims (configs/papers/<paper>.yaml `claims`) tested by a stated statistical test, never by eye.
+
+Tests (one-sided, alpha = 0.05, B = 2000 bootstrap resamples, fixed seed):
+
+- an accuracy column (read from evaluations): a **paired bootstrap over questions**. Each row's per-question
+  values are averaged over seeds (as the tables do); the question indices are resampled jointly for both
+  rows (the same questions), the statistic is mean(A) - mean(B). A column over several suites (an average)
+  takes the plain or question-count-weighted mean of the suite means, each suite's questions resampled
+  independently (as the table's CI).
+- a training column (step_time, train_mean: one value per RL step): an **unpaired bootstrap over steps**
+  (steps of all seeds pooled; the two runs' steps resampled independently: steps are not paired).
+  A `relative_to` column compares the raw per-step values (the same reference divides both rows).
+
+One comparison "A > B" holds when the one-sided 95% lower bound of A - B (its 5% bootstrap quantile) is
+above 0, is contradicted when the one-sided 95% upper bound (95% quantile) is below 0, and is otherwise not
+resolved (noise). Its one-sided p-value is (1 + #{diff* <= 0}) / (1 + B) (the reverse, for contradiction,
+(1 + #{diff* >= 0}) / (1 + B)). A claim of several comparisons (best_of, order, between) holds only if all
+of its comparisons hold after a Holm correction of their p-values (family-wise alpha 0.05), and is
+contradicted if any comparison is significantly reversed after Holm on the reverse p-values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from creditlab.tables.build import (
+    _SEP,
+    BASE_RUN,
+    load_eval,
+    load_step_times,
+    seed_averaged,
+)
+from creditlab.tables.spec import Claim, PaperSpec, TableSpec, resolve_metric
+
+N_BOOT = 2000
+ALPHA = 0.05
+BOOT_SEED = 0
+
+HOLDS = "holds"
+CONTRADICTED = "contradicted"
+NOISE = "not resolved (noise)"
+NOT_TESTABLE = "not testable at this scale"
+VERDICTS = (HOLDS, CONTRADICTED, NOISE, NOT_TESTABLE)
+
+PAIRED_TEST = ("paired bootstrap over questions (question indices resampled jointly for both rows, seeds "
+               "averaged per question, suites resampled independently), one-sided alpha 0.05")
+UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
+                 "independently), one-sided alpha 0.05")
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics (pure)
+
+
+def _suite_means(per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str) -> np.ndarray:
+    """Bootstrap means over suites: per suite the mean of x[idx] (idx: n_boot x n), then the plain or
+    question-count-weighted mean over suites."""
+    means = np.stack([np.asarray(x, dtype=float)[i].mean(axis=1) for x, i in zip(per_suite, idx)])
+    weights = np.array([len(x) for x in per_suite], dtype=float) if weighting == "count" else np.ones(len(per_suite))
+    return (weights[:, None] * means).sum(axis=0) / weights.sum()
+
+
+def _point(per_suite: Sequence[np.ndarray], weighting: str) -> float:
+    means = np.array([np.mean(x) for x in per_suite], dtype=float)
+    weights = np.array([len(x) for x in per_suite], dtype=float) if weighting == "count" else np.ones(len(means))
+    return float((weights * means).sum() / weights.sum())
+
+
+def _bounds(diff: float, boots: np.ndarray, alpha: float) -> tuple[float, float, float, float, float]:
+    """(diff, lo, hi, p, p_reverse): one-sided bounds (alpha and 1 - alpha quantiles) and one-sided p-values."""
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    n = len(boots)
+    p = (1 + int((boots <= 0).sum())) / (1 + n)
+    p_rev = (1 + int((boots >= 0).sum())) / (1 + n)
+    return float(diff), float(lo), float(hi), float(p), float(p_rev)
+
+
+def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weighting: str = "plain",
+                                 n_boot: int = N_BOOT, seed: int = BOOT_SEED, alpha: float = ALPHA
+                                 ) -> tuple[float, float, float, float, float]:
+    """Paired bootstrap of mean(A) - mean(B) over several suites (one per-question array per suite, the
+    same questions in A and B): per suite the question indices are resampled jointly for A and B, suites
+    independently. Returns (diff, lo, hi, p, p_reverse): lo / hi the one-sided (1 - alpha) bounds (the alpha
+    and 1 - alpha quantiles), p = P*(diff <= 0), p_reverse = P*(diff >= 0), each (1 + count) / (1 + n_boot)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired bootstrap needs the same suites on both sides, got {len(a)} and {len(b)}")
+    for x, y in zip(a, b):
+        if len(x) != len(y) or len(x) == 0:
+            raise ValueError(f"paired bootstrap needs the same questions on both sides, got {len(x)} and {len(y)}")
+    rng = np.random.default_rng(seed)
+    idx = [rng.integers(0, len(x), size=(n_boot, len(x))) for x in a]
+    boots = _suite_means(a, idx, weighting) - _suite_means(b, idx, weighting)
+    return _bounds(_point(a, weighting) - _point(b, weighting), boots, alpha)
+
+
+def paired_bootstrap_diff(a_per_question: np.ndarray, b_per_question: np.ndarray, n_boot: int = N_BOOT,
+                          seed: int = BOOT_SEED, alpha: float = ALPHA) -> tuple[float, float, float]:
+    """(mean, lo, hi) of mean(A) - mean(B) by a paired bootstrap over questions (indices resampled jointly);
+    lo / hi: the one-sided (1 - alpha) lower and upper bounds."""
+    diff, lo, hi, _, _ = paired_bootstrap_diff_suites([np.asarray(a_per_question, dtype=float)],
+                                                      [np.asarray(b_per_question, dtype=float)],
+                                                      n_boot=n_boot, seed=seed, alpha=alpha)
+    return diff, lo, hi
+
+
+def unpaired_bootstrap_diff(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
+                            alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
+    """(diff, lo, hi, p, p_reverse) of mean(A) - mean(B), A and B resampled independently (e.g. RL steps)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("unpaired bootstrap needs values on both sides")
+    rng = np.random.default_rng(seed)
+    boots = (a[rng.integers(0, len(a), size=(n_boot, len(a)))].mean(axis=1)
+             - b[rng.integers(0, len(b), size=(n_boot, len(b)))].mean(axis=1))
+    return _bounds(float(a.mean() - b.mean()), boots, alpha)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (step-down, monotone, capped at 1), in the input order."""
+    p = np.asarray(pvalues, dtype=float)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted.tolist()
+
+
+def single_verdict(lo: float, hi: float) -> str:
+    """The verdict of one comparison A > B from the one-sided bounds of A - B."""
+    if lo > 0:
+        return HOLDS
+    if hi < 0:
+        return CONTRADICTED
+    return NOISE
+
+
+def combined_verdict(pvalues: Sequence[float], reverse_pvalues: Sequence[float], alpha: float = ALPHA) -> str:
+    """A claim of several comparisons: holds if every Holm-adjusted p < alpha; contradicted if any
+    Holm-adjusted reverse p < alpha; else not resolved."""
+    if all(p < alpha for p in holm(pvalues)):
+        return HOLDS
+    if any(p < alpha for p in holm(reverse_pvalues)):
+        return CONTRADICTED
+    return NOISE
+
+
+# ----------------------------------------------------------------------------------------------
+# reading the data of a claim
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison `winner > loser` of a claim with its bootstrap numbers (in the column's unit)."""
+
+    winner: tuple[str, str]
+    loser: tuple[str, str]
+    diff: float
+    lo: float
+    hi: float
+    p: float
+    p_reverse: float
+    p_holm: float = float("nan")
+
+    def text(self) -> str:
+        return (f"{self.winner[0]} vs {self.loser[0]}: advantage {self.diff:+.4g}, one-sided 95% bounds [{self.lo:+.4g}, {self.hi:+.4g}], "
+                f"p = {self.p:.4f}" + ("" if math.isnan(self.p_holm) else f" (Holm {self.p_holm:.4f})"))
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    claim: Claim
+    test: str
+    verdict: str
+    comparisons: tuple[Comparison, ...] = ()
+    note: str = ""
+
+
+def _row_of(table: TableSpec, ref: tuple[str, str]):
+    return next(r for r in table.rows if (r.label, r.backbone) == ref)
+
+
+def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path, k: int,
+               runs_dir: Path) -> ClaimResult:
+    """Test one claim at `scale` over `seeds` (see the module doc for the tests and verdicts)."""
+    table = paper.table(claim.table)
+    column = table.column(claim.column)
+    shown = [c.name for c in paper.columns_at(claim.table, scale)] if claim.table in paper.tables_at(scale) else []
+    sign = 1.0 if claim.direction == "higher" else -1.0
+    if claim.column not in shown:
+        return ClaimResult(claim, "—", NOT_TESTABLE,
+                           note=f"column {claim.column!r} has no stand-in at scale {scale!r}")
+    pairs = claim.comparisons()
+    if column.is_training:
+        test = UNPAIRED_TEST
+        refs = {r for pair in pairs for r in pair}
+        if any(_row_of(table, r).run == BASE_RUN for r in refs):
+            return ClaimResult(claim, test, NOT_TESTABLE, note="a base-model row has no training metrics")
+        values = {r: load_step_times(runs_dir, paper.backbone_for(r[1], scale), _row_of(table, r).run, seeds,
+                                     column.series_key).values for r in refs}
+        stats = [unpaired_bootstrap_diff(sign * values[w], sign * values[l]) for w, l in pairs]
+    else:
+        test = PAIRED_TEST
+        leaves, _ = paper.leaves_at(table.name, column, scale)
+        suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
+        metrics = [resolve_metric(m, k) for _, m in leaves]
+        per_row: dict[tuple[str, str], list[np.ndarray]] = {}
+        for ref in {r for pair in pairs for r in pair}:
+            row = _row_of(table, ref)
+            backbone = paper.backbone_for(row.backbone, scale)
+            results = [load_eval(Path(evals_dir), backbone, row.run, s, row.decode) for s in seeds]
+            per_row[ref] = [100.0 * sign * seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+        stats = [paired_bootstrap_diff_suites(per_row[w], per_row[l], column.weighting) for w, l in pairs]
+    comps = [Comparison(w, l, *st) for (w, l), st in zip(pairs, stats)]
+    if claim.direction == "lower":
+        test += "; lower is better: the difference is the winner's advantage, loser − winner"
+    if len(comps) == 1:
+        return ClaimResult(claim, test, single_verdict(comps[0].lo, comps[0].hi), tuple(comps))
+    adj = holm([c.p for c in comps])
+    comps = [Comparison(c.winner, c.loser, c.diff, c.lo, c.hi, c.p, c.p_reverse, a) for c, a in zip(comps, adj)]
+    verdict = combined_verdict([c.p for c in comps], [c.p_reverse for c in comps])
+    return ClaimResult(claim, test + f"; Holm correction over the {len(comps)} comparisons", verdict,
+                       tuple(comps))
+
+
+def claim_statement(claim: Claim) -> str:
+    """The claim as comparisons of rows: `A > B`, `A > max(B, C)`, `A > B > C`, `L < A < H`."""
+    op = ">" if claim.direction == "higher" else "<"
+    name = lambda r: r[0]  # noqa: E731
+    if claim.kind == "better":
+        s = f"{name(claim.row)} {op} {name(claim.over[0])}"
+    elif claim.kind == "best_of":
+        s = f"{name(claim.row)} {op} each of {', '.join(map(name, claim.over))}"
+    elif claim.kind == "order":
+        s = f" {op} ".join(map(name, claim.rows))
+    else:
+        inv = "<" if op == ">" else ">"
+        s = (f"{', '.join(map(name, claim.over))} {inv} {name(claim.row)} {inv} "
+             f"{', '.join(map(name, claim.under))}")
+    backbones = sorted({r[1] for pair in claim.comparisons() for r in pair})
+    return f"{s} on {claim.column} ({claim.table}; {', '.join(backbones)})"
+
+
+# ----------------------------------------------------------------------------------------------
+# provenance: hardware, MLflow links
+
+
+def hardware() -> str:
+    """The platform of the machine building the ledger (the runs' DONE / metrics.json record no hostname)."""
+    return f"{platform.platform()} {platform.machine()} (ledger-building machine; runs record none)"
+
+
+def mlflow_links(run_ids: Sequence[str], uri: str) -> dict[str, str]:
+    """run id -> `<uri>/#/experiments/<exp id>/runs/<run id>`; experiment ids read from a local SQLite
+    store (read-only) when `uri` is one; a run id not found (or a remote store) maps to itself."""
+    ids = [r for r in dict.fromkeys(run_ids) if r]
+    found: dict[str, str] = {}
+    if uri.startswith("sqlite:///") and ids:
+        db = Path(uri.removeprefix("sqlite:///"))
+        if db.is_file():
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                    marks = ",".join("?" * len(ids))
+                    for rid, exp in con.execute(f"SELECT run_uuid, experiment_id FROM runs WHERE run_uuid IN ({marks})",
+                                                ids):
+                        found[rid] = str(exp)
+            except sqlite3.Error:
+                pass
+    return {r: (f"{uri}/#/experiments/{found[r]}/runs/{r}" if r in found else r) for r in ids}
+
+
+# ----------------------------------------------------------------------------------------------
+# the ledger
+
+
+CELL_COLUMNS = ("section", "table", "row", "paper_backbone", "backbone", "run", "column", "unit", "paper",
+                "ours_mean", "ours_lo", "ours_hi", "seeds", "scale", "hardware", "commits", "configs",
+                "mlflow_links")
+CLAIM_COLUMNS = ("claim_id", "claim_text", "claim", "test", "verdict", "comparisons", "note")
+LEDGER_COLUMNS = CELL_COLUMNS + CLAIM_COLUMNS
+
+
+def _blank(field: Any) -> bool:
+    return field is None or (isinstance(field, float) and math.isnan(field)) or field == ""
+
+
+def _split(field: Any) -> list[str]:
+    if _blank(field):
+        return []
+    return [v for v in str(field).split(_SEP) if v]
+
+
+def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dict[str, pd.DataFrame],
+                 evals_dir: Path, k: int, runs_dir: Path, tracking_uri: str
+                 ) -> tuple[pd.DataFrame, list[ClaimResult]]:
+    """The ledger frame (one `cell` line per table row x column, then one `claim` line per claim) and the
+    claim results. `tables`: table name -> its built long frame (the table CSV)."""
+    hw = hardware()
+    lines: list[dict[str, Any]] = []
+    all_ids = [i for df in tables.values() if "mlflow_run_ids" in df for f in df["mlflow_run_ids"] for i in _split(f)]
+    links = mlflow_links(all_ids, tracking_uri)
+    for name, df in tables.items():
+        for rec in df.to_dict("records"):
+            get = lambda key, default="": rec.get(key, default)  # noqa: E731 (older CSVs lack some fields)
+            lines.append({
+                "section": "cell", "table": name, "row": get("row"), "paper_backbone": get("paper_backbone"),
+                "backbone": get("backbone"), "run": get("run"), "column": get("column"),
+                "unit": get("unit", "%") if not _blank(get("unit", "%")) else "%",
+                "paper": get("paper", float("nan")), "ours_mean": get("ours_mean", float("nan")),
+                "ours_lo": get("ours_lo", float("nan")), "ours_hi": get("ours_hi", float("nan")),
+                "seeds": get("seeds"), "scale": scale, "hardware": hw,
+                "commits": _SEP.join(dict.fromkeys(_split(get("commits")))),
+                "configs": _SEP.join(dict.fromkeys(_split(get("configs")))),
+                "mlflow_links": _SEP.join(links.get(i, i) for i in dict.fromkeys(_split(get("mlflow_run_ids")))),
+            })
+    results = [evaluate_claim(paper, c, scale, seeds, evals_dir, k, runs_dir) for c in paper.claims]
+    for r in results:
+        lines.append({"section": "claim", "table": r.claim.table, "column": r.claim.column, "scale": scale,
+                      "seeds": _SEP.join(map(str, seeds)), "hardware": hw, "claim_id": r.claim.id,
+                      "claim_text": r.claim.text, "claim": claim_statement(r.claim), "test": r.test,
+                      "verdict": r.verdict, "comparisons": "; ".join(c.text() for c in r.comparisons),
+                      "note": r.note})
+    return pd.DataFrame(lines, columns=list(LEDGER_COLUMNS)), results
+
+
+def _num(v: Any) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.4g}"
+
+
+def _md(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: list[ClaimResult]) -> str:
+    """The readable ledger: scale warning, claims with their tests and verdicts, then every table cell."""
+    cells = df[df["section"] == "cell"]
+    hw = str(df["hardware"].iloc[0]) if len(df) else hardware()
+    lines = [f"# Reproduction ledger: {paper.title}", ""]
+    if scale != "paper":
+        lines += [f"**Scale `{scale}`: the claims are tested on tiny models on synthetic stand-in suites, "
+                  f"NOT in the paper's setting (its models, benchmarks, budget).** A verdict here says whether "
+                  f"the paper's ordering shows up at this scale, not whether the paper is right.", ""]
+    lines += [f"Hardware: {hw}.", "",
+              "MLflow: `<tracking uri>/#/experiments/<experiment id>/runs/<run id>` (a local SQLite store: "
+              "open `python -m creditlab mlflow-ui` and append the `#/experiments/...` part to its address); "
+              "a bare run id when the store does not know it.", "",
+              "## Claims", "",
+              f"Each claim is decided by a stated test, never by eye ({N_BOOT} bootstrap resamples, seed "
+              f"{BOOT_SEED}): `holds` = the one-sided 95% lower bound of the difference (its 5% bootstrap "
+              f"quantile) is above 0; `contradicted` = the one-sided 95% upper bound is below 0; otherwise "
+              f"`not resolved (noise)`. Claims of several comparisons: every comparison's one-sided bootstrap "
+              f"p-value (1 + #diff* <= 0) / (1 + B) Holm-corrected at family-wise alpha 0.05 (holds only if all "
+              f"pass; contradicted if any is significantly reversed, Holm on the reverse p-values). `not "
+              f"testable at this scale`: the column has no stand-in here. Differences are in the column's "
+              f"unit (accuracy: percentage points).", ""]
+    if not results:
+        lines += ["No claims declared in the paper config.", ""]
+    for r in results:
+        lines += [f"### `{r.claim.id}`: **{r.verdict}**", "",
+                  f"- Paper's claim: {r.claim.text}",
+                  f"- Tested as: {claim_statement(r.claim)}",
+                  f"- Test: {r.test}"]
+        lines += [f"- {c.text()}" for c in r.comparisons]
+        if r.note:
+            lines.append(f"- Note: {r.note}")
+        lines.append("")
+    lines += ["## Table cells", "",
+              "Ours: mean [95% CI] as in the table (see its page); paper: the paper's number at paper scale "
+              "(— = not reported)" + (", not comparable in absolute value at this scale." if scale != "paper"
+                                        else "."), ""]
+    header = ["Table", "Row", "Backbone (paper → ours)", "Run", "Column", "Paper", "Ours [CI]", "Seeds",
+              "Commit", "Config", "MLflow"]
+    lines += [_md(header), _md(["---"] * len(header))]
+    for c in cells.itertuples(index=False):
+        ours = "" if (isinstance(c.ours_mean, float) and math.isnan(c.ours_mean)) else (
+            f"{_num(c.ours_mean)} [{_num(c.ours_lo)}, {_num(c.ours_hi)}] {c.unit}")
+        lines.append(_md([c.table, c.row, f"{c.paper_backbone} → {c.backbone}", c.run, c.column, _num(c.paper),
+                          ours, str(c.seeds).replace(_SEP, ", "),
+                          ", ".join(f"`{x[:12]}`" for x in _split(c.commits)),
+                          ", ".join(f"`{x}`" for x in _split(c.configs)),
+                          ", ".join(_split(c.mlflow_links))]))
+    return "\n".join(lines) + "\n"
+
+
+def write_ledger(paper: PaperSpec, scale: str, df: pd.DataFrame, results: list[ClaimResult], out_csv: Path,
+                 out_md: Path) -> None:
+    out_csv, out_md = Path(out_csv), Path(out_md)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_csv, index=False)
+    out_md.write_text(ledger_markdown(paper, scale, df, results))
+
+
+def verdict_summary(results: list[ClaimResult]) -> str:
+    return json.dumps({r.claim.id: r.verdict for r in results}, ensure_ascii=False)

@@ -1,0 +1,236 @@
+"""The reproduction ledger (creditlab.tables.ledger): bootstrap and Holm against direct readings, claim
+validation in the paper config, a ledger built from small synthetic evaluations, and the verdict strings."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from creditlab.tables import ledger as L
+from creditlab.tables.build import build_table, metrics_path, run_metrics_path
+from creditlab.tables.spec import parse_paper
+
+K = 8
+PAPER = {
+    "paper": "tl",
+    "title": "Ledger toy (test fixture)",
+    "backbones": {"Small": {"tiny": "tiny-s", "paper": "small"}, "Large": {"tiny": "tiny-m", "paper": "large"}},
+    "benchmarks": {"A": {"tiny": "sa", "paper": "a"}, "B": {"tiny": "sb", "paper": "b"},
+                   "N": {"tiny": None, "paper": "n"}},
+    "runs": {"dapo": {"method": "dapo"}, "delta": {"method": "delta"}, "same": {"method": "dapo"}},
+    "tables": {
+        "main": {
+            "columns": [
+                {"name": "A", "benchmark": "A", "metric": "avg@k"},
+                {"name": "B", "benchmark": "B", "metric": "avg@k"},
+                {"name": "N", "benchmark": "N", "metric": "avg@k"},
+                {"name": "Avg", "average_of": ["A", "B"]},
+                {"name": "Step time (s)", "metric": "step_time"},
+            ],
+            "rows": [
+                {"label": "Base", "backbone": "Small", "run": "base"},
+                {"label": "DAPO", "backbone": "Small", "run": "dapo", "paper": {"A": 30.0}},
+                {"label": "Same", "backbone": "Small", "run": "same"},
+                {"label": "DelTA", "backbone": "Small", "run": "delta", "paper": {"A": 35.0}},
+                {"label": "DelTA", "backbone": "Large", "run": "delta"},
+            ],
+        },
+    },
+    "claims": [
+        {"id": "delta-beats-dapo", "text": "DelTA > DAPO", "table": "main", "column": "Avg", "kind": "better",
+         "backbone": "Small", "row": "DelTA", "over": ["DAPO"]},
+        {"id": "dapo-beats-delta", "text": "reversed", "table": "main", "column": "A", "kind": "better",
+         "backbone": "Small", "row": "DAPO", "over": ["DelTA"]},
+        {"id": "same", "text": "a tie", "table": "main", "column": "A", "kind": "better",
+         "backbone": "Small", "row": "Same", "over": ["DAPO"]},
+        {"id": "best", "text": "DelTA best", "table": "main", "column": "Avg", "kind": "best_of",
+         "backbone": "Small", "row": "DelTA", "over": ["DAPO", "Base"]},
+        {"id": "order", "text": "DelTA > DAPO > Base", "table": "main", "column": "A", "kind": "order",
+         "backbone": "Small", "rows": ["DelTA", "DAPO", "Base"]},
+        {"id": "between", "text": "DAPO in the middle", "table": "main", "column": "A", "kind": "between",
+         "backbone": "Small", "row": "DAPO", "over": ["Base"], "under": ["DelTA"]},
+        {"id": "faster", "text": "DAPO steps are faster", "table": "main", "column": "Step time (s)",
+         "kind": "better", "direction": "lower", "backbone": "Small", "row": "DAPO", "over": ["DelTA"]},
+        {"id": "no-standin", "text": "on N", "table": "main", "column": "N", "kind": "better",
+         "backbone": "Small", "row": "DelTA", "over": ["DAPO"]},
+    ],
+}
+
+N_Q = 40
+# correct counts out of K per question: base < dapo < delta on every question; `same` = dapo
+_BASE = [i % 3 for i in range(N_Q)]
+COUNTS = {"base": _BASE, "dapo": [c + 2 for c in _BASE], "same": [c + 2 for c in _BASE],
+          "delta": [c + 4 for c in _BASE]}
+STEPS = {"dapo": [1.0, 1.1, 0.9, 1.0, 1.05, 0.95] * 3, "same": [1.0] * 6, "delta": [2.0, 2.1, 1.9, 2.0] * 3}
+
+
+def _paper(data: dict | None = None):
+    return parse_paper(copy.deepcopy(data or PAPER), "tl.yaml")
+
+
+def _write(root: Path) -> None:
+    for backbone in ("tiny-s", "tiny-m"):
+        for run, c in COUNTS.items():
+            blocks = {s: {"n_questions": N_Q, "k": K, "metrics": {},
+                          "per_question": {"ids": [f"{s}-{i}" for i in range(N_Q)], "greedy": [x > 3 for x in c],
+                                           "n": K, "c": c}} for s in ("sa", "sb")}
+            data = {"suites": blocks, "k": K, "provenance": {"run_key": f"tiny/{backbone}/{run}/s0",
+                                                             "mlflow_run_id": f"id-{run}", "commit": "abc",
+                                                             "config": f"cfg/{run}.yaml"}}
+            path = metrics_path(root / "tiny" / "evals", backbone, run, 0)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data))
+            if run != "base":
+                rpath = run_metrics_path(root / "tiny" / "runs", backbone, run, 0)
+                rpath.parent.mkdir(parents=True, exist_ok=True)
+                rpath.write_text("".join(json.dumps({"step": i, "t_step": t}) + "\n"
+                                         for i, t in enumerate(STEPS[run])))
+
+
+# ---------------------------------------------------------------------------------------- statistics
+
+
+def test_identical_runs_give_zero_difference_and_a_ci_containing_zero():
+    x = np.random.default_rng(1).random(50)
+    diff, lo, hi = L.paired_bootstrap_diff(x, x.copy(), n_boot=500, seed=0)
+    assert diff == 0.0 and lo == 0.0 and hi == 0.0  # paired: every resample's difference is exactly 0
+    assert L.single_verdict(lo, hi) == L.NOISE
+
+
+def test_better_on_every_question_holds_and_reversed_is_contradicted():
+    b = np.random.default_rng(2).random(30)
+    a = b + 0.1
+    diff, lo, hi = L.paired_bootstrap_diff(a, b, n_boot=500)
+    assert diff == pytest.approx(0.1) and lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
+    assert L.single_verdict(lo, hi) == L.HOLDS
+    _, lo, hi = L.paired_bootstrap_diff(b, a, n_boot=500)
+    assert L.single_verdict(lo, hi) == L.CONTRADICTED
+
+
+def test_paired_bootstrap_matches_a_direct_reading():
+    """The bounds are the alpha / 1 - alpha quantiles of the mean differences of jointly resampled indices."""
+    rng = np.random.default_rng(3)
+    a, b = rng.random(20), rng.random(20)
+    diff, lo, hi, p, p_rev = L.paired_bootstrap_diff_suites([a], [b], n_boot=300, seed=7)
+    idx = np.random.default_rng(7).integers(0, 20, size=(300, 20))
+    boots = a[idx].mean(axis=1) - b[idx].mean(axis=1)
+    assert diff == pytest.approx(a.mean() - b.mean())
+    assert lo == pytest.approx(np.quantile(boots, 0.05)) and hi == pytest.approx(np.quantile(boots, 0.95))
+    assert p == pytest.approx((1 + (boots <= 0).sum()) / 301)
+    assert p_rev == pytest.approx((1 + (boots >= 0).sum()) / 301)
+
+
+def test_several_suites_average_plain_or_weighted():
+    a, b = [np.ones(2), np.zeros(6)], [np.zeros(2), np.zeros(6)]
+    assert L.paired_bootstrap_diff_suites(a, b, "plain", n_boot=50)[0] == pytest.approx(0.5)
+    assert L.paired_bootstrap_diff_suites(a, b, "count", n_boot=50)[0] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="same questions"):
+        L.paired_bootstrap_diff_suites([np.ones(3)], [np.ones(4)])
+
+
+def test_unpaired_bootstrap_over_steps():
+    diff, lo, hi, p, _ = L.unpaired_bootstrap_diff(np.array([2.0, 2.1, 1.9]), np.array([1.0, 1.1, 0.9]), n_boot=300)
+    assert diff == pytest.approx(1.0) and lo > 0.5 and p == pytest.approx(1 / 301)
+
+
+def test_holm_against_a_hand_computation():
+    # sorted 0.01, 0.02, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.02 = 0.04, 1 * 0.04 = 0.04 (monotone)
+    assert L.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    # step-down monotonicity: 0.03 * 2 = 0.06 < 3 * 0.025 = 0.075 -> lifted to 0.075
+    assert L.holm([0.025, 0.03, 0.5]) == pytest.approx([0.075, 0.075, 0.5])
+    assert L.holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # 2 * 0.6 capped at 1; 0.9 lifted to 1 (monotone)
+    assert L.combined_verdict([0.01, 0.02], [0.99, 0.98]) == L.HOLDS
+    assert L.combined_verdict([0.01, 0.04], [0.99, 0.97]) == L.HOLDS  # Holm: 0.02, 0.04 (both < 0.05)
+    assert L.combined_verdict([0.03, 0.04], [0.97, 0.96]) == L.NOISE  # Holm: 0.06, 0.06
+    assert L.combined_verdict([0.01, 0.9], [0.99, 0.01]) == L.CONTRADICTED
+
+
+def test_verdict_strings():
+    assert L.VERDICTS == ("holds", "contradicted", "not resolved (noise)", "not testable at this scale")
+
+
+# ---------------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "greater"}, r"kind: unknown value 'greater'; choices: \['better', 'best_of', 'order', 'between'\]"),
+    ({"column": "Nope"}, r"column: unknown value 'Nope'; choices: \['A', 'B', 'N', 'Avg', 'Step time \(s\)'\]"),
+    ({"table": "other"}, r"table: unknown value 'other'; choices: \['main'\]"),
+    ({"row": "PPO"}, r"row: unknown row 'PPO' in table 'main' on backbone 'Small'; choices: \['Base', 'DAPO'"),
+    ({"backbone": "Huge"}, r"backbone: unknown value 'Huge'; choices: \['Small', 'Large'\]"),
+    ({"rows": ["DelTA", "DAPO"]}, r"a better claim takes no 'rows'"),
+    ({"over": ["DAPO", "Base"]}, r"over: expected a list of 1 row labels"),
+    ({"over": ["DelTA"]}, r"compares a row with itself"),
+    ({"direction": "up"}, r"direction: unknown value 'up'; choices: \['higher', 'lower'\]"),
+    ({"colour": 1}, r"unknown key 'colour'; choices: \['id', 'text'"),
+])
+def test_claim_validation_names_the_key_and_choices(change, message):
+    data = copy.deepcopy(PAPER)
+    data["claims"] = [dict(data["claims"][0], **change)]
+    with pytest.raises(ValueError, match=message) as err:
+        parse_paper(data, "tl.yaml")
+    assert str(err.value).startswith("tl.yaml: claims[0]")
+
+
+def test_a_label_on_several_backbones_needs_the_claims_backbone():
+    data = copy.deepcopy(PAPER)
+    claim = dict(data["claims"][0])
+    del claim["backbone"]
+    data["claims"] = [claim]
+    with pytest.raises(ValueError, match="row 'DelTA' is on several backbones"):
+        parse_paper(data, "tl.yaml")
+
+
+def test_claims_in_the_paper_configs_are_valid():
+    from creditlab.tables.spec import load_paper
+    root = Path(__file__).resolve().parents[1] / "configs" / "papers"
+    for name in ("dlogp", "delta", "dfpo", "cancellation", "arca"):
+        assert 2 <= len(load_paper(root / f"{name}.yaml").claims) <= 4
+
+
+# ---------------------------------------------------------------------------------------- the ledger
+
+
+def test_ledger_from_synthetic_evaluations(tmp_path: Path):
+    root = tmp_path / "results"
+    _write(root)
+    paper = _paper()
+    evals, runs = root / "tiny" / "evals", root / "tiny" / "runs"
+    tables = {"main": build_table(paper, "main", "tiny", [0], evals, K, runs_dir=runs)}
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE runs (run_uuid TEXT, experiment_id INTEGER)")
+        con.execute("INSERT INTO runs VALUES ('id-dapo', 3)")
+    uri = f"sqlite:///{db}"
+    df, results = L.build_ledger(paper, "tiny", [0], tables, evals, K, runs, uri)
+    verdicts = {r.claim.id: r.verdict for r in results}
+    assert verdicts == {"delta-beats-dapo": L.HOLDS, "dapo-beats-delta": L.CONTRADICTED, "same": L.NOISE,
+                        "best": L.HOLDS, "order": L.HOLDS, "between": L.HOLDS, "faster": L.HOLDS,
+                        "no-standin": L.NOT_TESTABLE}
+    by_id = {r.claim.id: r for r in results}
+    assert by_id["delta-beats-dapo"].comparisons[0].diff == pytest.approx(100 * 2 / K)  # percentage points
+    assert by_id["faster"].comparisons[0].diff == pytest.approx(1.0)  # lower is better: DelTA - DAPO seconds
+    assert "unpaired bootstrap over RL steps" in by_id["faster"].test
+    assert "Holm correction over the 2 comparisons" in by_id["order"].test
+    cells = df[df["section"] == "cell"]
+    assert len(cells) == len(tables["main"])
+    dapo_a = cells[(cells["row"] == "DAPO") & (cells["column"] == "A")].iloc[0]
+    assert dapo_a["paper"] == 30.0 and dapo_a["commits"] == "abc" and dapo_a["configs"] == "cfg/dapo.yaml"
+    assert dapo_a["mlflow_links"] == f"{uri}/#/experiments/3/runs/id-dapo"
+    delta_a = cells[(cells["row"] == "DelTA") & (cells["column"] == "A") & (cells["backbone"] == "tiny-s")].iloc[0]
+    assert delta_a["mlflow_links"] == "id-delta"  # not in the store: the bare run id
+    out_csv, out_md = tmp_path / "ledger" / "tl.csv", tmp_path / "ledger" / "tl.md"
+    L.write_ledger(paper, "tiny", df, results, out_csv, out_md)
+    md = out_md.read_text()
+    assert "claims are tested on tiny models" in md and "NOT in the paper's setting" in md
+    assert "### `delta-beats-dapo`: **holds**" in md and "### `no-standin`: **not testable at this scale**" in md
+    assert "Hardware:" in md and "ledger-building machine" in md
+    back = pd.read_csv(out_csv)
+    assert list(back.columns) == list(L.LEDGER_COLUMNS)
+    assert (back["section"] == "claim").sum() == len(PAPER["claims"])
