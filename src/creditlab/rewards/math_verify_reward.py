@@ -33,22 +33,17 @@ from creditlab.algos.registry import register
 # Extraction
 # ----------------------------------------------------------------------------------------------
 
-_BOXED = "\\boxed{"
+BOXED = "\\boxed{"
 
 
-def extract_last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text``, with balanced (possibly nested) braces.
-
-    ``"a \\boxed{1} b \\boxed{\\frac{1}{2}}"`` -> ``"\\frac{1}{2}"``. Returns None when there is no
-    ``\\boxed{`` or when the last one is never closed. A backslash escapes the next character, so
-    ``\\{`` and ``\\}`` inside the box are literal braces, not grouping ones.
-    """
-    start = text.rfind(_BOXED)
-    if start < 0:
-        return None
+def boxed_content_at(text: str, start: int, limit: int | None = None) -> str | None:
+    """Content of the ``\\boxed{`` that begins at ``start``, with balanced (possibly nested) braces; None
+    when it is not closed (within ``limit`` characters of content, if given). A backslash escapes the next
+    character, so ``\\{`` and ``\\}`` inside the box are literal braces, not grouping ones."""
     depth = 1
-    i = start + len(_BOXED)
-    while i < len(text):
+    i = start + len(BOXED)
+    stop = len(text) if limit is None else min(len(text), i + limit)
+    while i < stop:
         ch = text[i]
         if ch == "\\":
             i += 2  # a backslash and the character it escapes (\{, \}, \\) are one unit
@@ -58,9 +53,19 @@ def extract_last_boxed(text: str) -> str | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[start + len(_BOXED) : i]
+                return text[start + len(BOXED) : i]
         i += 1
     return None
+
+
+def extract_last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text``, with balanced (possibly nested) braces.
+
+    ``"a \\boxed{1} b \\boxed{\\frac{1}{2}}"`` -> ``"\\frac{1}{2}"``. Returns None when there is no
+    ``\\boxed{`` or when the last one is never closed (:func:`boxed_content_at`).
+    """
+    start = text.rfind(BOXED)
+    return None if start < 0 else boxed_content_at(text, start)
 
 
 # DAPO (verl math_dapo.compute_score) only looks at the tail of the response.
@@ -141,8 +146,8 @@ def judge_math_verify(answer: str, gold: str, internal_timeout: int | None = Non
     """
     from math_verify import parse, verify
 
-    gold_parsed = parse(_BOXED + gold + "}", parsing_timeout=internal_timeout)
-    pred_parsed = parse(_BOXED + answer + "}", parsing_timeout=internal_timeout)
+    gold_parsed = parse(BOXED + gold + "}", parsing_timeout=internal_timeout)
+    pred_parsed = parse(BOXED + answer + "}", parsing_timeout=internal_timeout)
     if not gold_parsed or not pred_parsed:
         return MATH_VERIFY_WRONG
     ok = verify(gold_parsed, pred_parsed, timeout_seconds=internal_timeout)

@@ -63,7 +63,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from creditlab.algos.registry import register
-from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec
+from creditlab.rewards.math_verify_reward import BOXED as _BOXED
+from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec, boxed_content_at
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DEFAULT_N_OPTIONS = 10
@@ -91,7 +92,6 @@ _TIER1_STATEMENT = re.compile(
     _MARKER + _CONNECTOR + _DECORATION + r"(?P<letter>[A-Za-z])(?![A-Za-z0-9])(?!['’][A-Za-z])",
     re.IGNORECASE,
 )
-_BOXED = "\\boxed{"
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{([^{}]*)\}")
 _BOXED_CHOICE = re.compile(r"^\(?(?P<letter>[A-Za-z])(?:\)|[.:])?(?:\s.*)?$", re.DOTALL)
 _BOXED_BARE = re.compile(r"^\(?(?P<letter>[A-Za-z])\)?$")
@@ -133,21 +133,9 @@ def _boxed_contents(text: str) -> list[tuple[int, str]]:
     out = []
     start = text.find(_BOXED)
     while start >= 0:
-        depth, i = 1, start + len(_BOXED)
-        stop = min(len(text), i + _MAX_BOXED_CHARS)
-        while i < stop:
-            ch = text[i]
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    out.append((start, text[start + len(_BOXED) : i]))
-                    break
-            i += 1
+        content = boxed_content_at(text, start, _MAX_BOXED_CHARS)
+        if content is not None:
+            out.append((start, content))
         start = text.find(_BOXED, start + 1)
     return out
 
