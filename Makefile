@@ -20,15 +20,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-# bubblewrap: the sandbox of the code-execution verifier (creditlab.rewards.code_exec). Installed with
-# apt only when missing and when running as root on Debian/Ubuntu; otherwise the verifier falls back to a
-# weaker sandbox (see code_exec.sandbox_report()) and its file/network isolation tests fail.
+# Debian packages (bubblewrap for the code_exec sandbox, chromium for the browser tests, ...): apt-installed
+# when missing and running as root; see tools/sysdeps.sh for the list and what fails without each.
 sysdeps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	      || echo "warning: apt-get install bubblewrap failed; code_exec uses its fallback sandbox" >&2; \
-	  else echo "note: bwrap (Debian package bubblewrap) missing and not root: code_exec uses its fallback sandbox" >&2; fi; }
+	@bash tools/sysdeps.sh
 
 install: sysdeps $(VENV)/.installed
 
