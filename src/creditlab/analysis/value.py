@@ -45,6 +45,7 @@ from creditlab.engines.local.sampler import (
     draw_uniforms,
     sampling_chooser,
 )
+from creditlab.progress import progress as progress_bar
 
 BRANCH_WITH = 0
 """Branch id of the continuations from s + y (see :func:`item_seed`)."""
@@ -78,8 +79,9 @@ def sample_continuations(
     temperature: float,
     top_p: float,
     chunk: int = 512,
+    progress: bool = False,
 ) -> list[list[list[int]]]:
-    """n sampled continuations of each prefix, all prefixes decoded together.
+    """n sampled continuations of each prefix, all prefixes decoded together (``progress``: a bar over them).
 
     prefixes: K token lists (prompt + response prefix); budgets: K max new tokens (<= 0: no
     continuation, n empty lists); seeds: K seeds. Returns [K][n] token lists. Continuation j of prefix
@@ -103,6 +105,7 @@ def sample_continuations(
     try:
         with torch.no_grad(), cast, decode_attention_enabled(model):
             state = DecodeState(model)
+            bar = progress_bar(len(rows), "mc continuations", enabled=progress)
             for start in range(0, len(rows), chunk):
                 part = rows[start : start + chunk]
                 width = budgets[part[0][0]]
@@ -113,6 +116,8 @@ def sample_continuations(
                                            eos_id, pad_id)  # fmt: skip
                 for (k, j), toks in zip(part, resp):
                     out[k][j] = toks[: budgets[k]]
+                bar.update(len(part))
+            bar.close()
     finally:
         model.train(was_training)
     return out
@@ -135,6 +140,7 @@ def token_values_mc(
     seed: int,
     eps: float = 0.05,
     chunk: int = 512,
+    progress: bool = False,
 ) -> dict[str, Tensor]:
     """Monte Carlo counterfactual token value of M tokens [paper, App. E.2, Eq. 20].
 
@@ -177,7 +183,7 @@ def token_values_mc(
             seeds.append(item_seed(seed, i, t, branch))
             gold_of.append(golds[i])
     conts = sample_continuations(model, prefixes, budgets, seeds, n=n, eos_id=eos, pad_id=tok.pad_token_id,
-                                 temperature=temperature, top_p=top_p, chunk=chunk)  # fmt: skip
+                                 temperature=temperature, top_p=top_p, chunk=chunk, progress=progress)  # fmt: skip
     full = [head + c for head, cs in zip(resp_prefixes, conts) for c in cs]
     texts = tok.batch_decode(full, skip_special_tokens=True) if full else []
     gl = [g for g in gold_of for _ in range(n)]
@@ -316,7 +322,7 @@ def value_probe(trainer, step: int, *, eps: float, per_class: int, max_p: float,
     trainer.model.eval()
     vals = token_values_mc(trainer.model, trainer.tok, trainer.scorer, ro.prompts, ro.responses, ro.golds, items,
                            probs[rows, cols] if items else torch.zeros(0), n=n, max_new_tokens=t["max_new_tokens"],
-                           temperature=t["temperature"], top_p=t["top_p"], seed=seed)
+                           temperature=t["temperature"], top_p=t["top_p"], seed=seed, progress=trainer.progress)
     trainer.model.train()
     v, d, ent = vals["value"], delta[rows, cols], res["entropy"][rows, cols]
     side = torch.tensor([lab.endswith("_pos") for lab in labels], dtype=torch.bool)

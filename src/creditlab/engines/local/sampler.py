@@ -459,7 +459,7 @@ def decode_with_chooser(
         for model in {id(s.model): s.model for s in states}.values():
             stack.enter_context(decode_attention_enabled(model))
         starts = range(0, len(prompts), size)
-        bar = progress_bar(len(starts), "generate", enabled=progress)
+        bar = progress_bar(len(prompts), "generate samples", enabled=progress)
         for start in starts:
             chunk = slice(start, start + size)
             r, f, c = _decode_batch(states, chooser, prompts[chunk], None if uniforms is None else uniforms[chunk],
@@ -467,7 +467,7 @@ def decode_with_chooser(
             responses += r
             finished += f
             counts.append(c)
-            bar.update(1)
+            bar.update(len(r))
         bar.close()
     per_flag = torch.cat(counts).T.tolist()
     return Generation(prompts, responses, finished), dict(zip(chooser.flag_names, per_flag))
