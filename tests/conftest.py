@@ -34,3 +34,8 @@ def make_trainer(method, tmp_path, overrides=()):
     tok = build_tokenizer([r["question"] + r["solution"] for r in records] + ["Q: A:\n \\boxed{}0123456789+-*"])
     model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
     return Trainer(cfg, model, tok, records, _RandomScorer(), tmp_path / method, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the micro end-to-end DAG, shared by tests/test_pipeline_e2e.py and tests/test_browser.py
+from e2e import cancellation_results, delta_results, micro_results, report_html  # noqa: E402,F401

@@ -1,69 +1,19 @@
 """End to end: the whole Snakemake DAG at `micro` size, then a no-op re-run and the HTML report.
 
-One module-scoped DAG run (a few minutes on 2 cores) feeds several checks.
+One session-scoped DAG run (tests/e2e.py, a few minutes on 2 cores) feeds several checks.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import sqlite3
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from e2e import _snakemake  # the shared micro DAG; its fixtures come through conftest.py
 
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 pytestmark = pytest.mark.e2e
-
-
-def _snakemake(*args: str, results: Path, timeout: int = 900, papers: str = "dlogp") -> subprocess.CompletedProcess:
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    # own working directory: no lock shared with a user's run in the repository
-    # targets and flags before --config, which takes every following word as a key=value pair
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(results.parent), "--cores", "2",
-           *args, "--config", "scale=micro", f"results={results}", f"papers=[{papers}]"]
-    return subprocess.run(cmd, cwd=results.parent, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def micro_results(tmp_path_factory) -> Path:
-    results = tmp_path_factory.mktemp("e2e") / "results"
-    proc = _snakemake(results=results)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    return results
-
-
-@pytest.fixture(scope="module")
-def delta_results(micro_results) -> Path:
-    """Paper B's transfer table and both figures on top of Paper A's results (its diagnostics rows are
-    one trainer step each in tests/test_credit_delta.py; the whole DAG is `make run`)."""
-    targets = [str(micro_results / f"micro/{t}") for t in (
-        "tables/delta/transfer.csv", "figures/delta/figure_token_selection.png", "figures/delta/figure_token_clouds.png",
-        "tables/dfpo/compute.csv")]
-    proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta,dfpo")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    return micro_results
-
-
-@pytest.fixture(scope="module")
-def cancellation_results(delta_results) -> Path:
-    """Paper C on top: the broken-cancellation table (the baseline run is Paper B's `dapo`, reused), a
-    QB+RB run, and every analysis (the whole Table 2 is `make run`)."""
-    micro = delta_results / "micro"
-    targets = [str(micro / "tables/cancellation/broken.csv"), str(micro / "runs/micro-s/qb-rb/s0/DONE")]
-    targets += [str(micro / f"analyses/cancellation/{a}.json")
-                for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling")]
-    baseline = micro / "runs/micro-s/dapo/s0/DONE"
-    trained_at = baseline.stat().st_mtime_ns
-    proc = _snakemake(*targets, results=delta_results, papers="dlogp,delta,dfpo,cancellation")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    assert baseline.stat().st_mtime_ns == trained_at  # Paper B's baseline run reused, not retrained
-    return delta_results
 
 
 def test_arca_lora_runs_train_merge_and_evaluate(cancellation_results):
@@ -212,9 +162,20 @@ def test_noop_rerun_starts_no_job(micro_results, delta_results):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_html_report(micro_results):
-    out = micro_results / "report.html"
-    proc = _snakemake("--report", str(out), results=micro_results, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    html = out.read_text(errors="replace")
-    assert "dlogp" in html and "main.csv" in html and "main_training_curves.png" in html
+def test_html_report(report_html):
+    html = report_html.read_text(errors="replace")
+    # tables as pages (HTML) and CSV downloads, training curves, ledger; rendering is checked in a browser
+    for name in ("main.html", "main.csv", "main_training_curves.png", "dlogp.html"):
+        assert name in html, name
+
+
+def test_job_logs_show_progress(micro_results):
+    """Long jobs report progress as readable lines in their Snakemake logs: RL steps with reward, evaluation
+    samples and suites (a tqdm bar on a terminal; see creditlab.progress)."""
+    logs = micro_results / "micro/logs"
+    train = (logs / "train/micro-s/dapo-ds/s0.log").read_text()
+    steps = re.findall(r"\[rl steps\] (\d+)/(\d+) \((\d+)%\).*reward=", train)
+    assert steps and steps[-1][0] == steps[-1][1] and steps[-1][2] == "100", train[-800:]
+    evaluate = (logs / "evaluate/micro-s/dapo-ds/s0.log").read_text()
+    assert re.search(r"\[generate samples\] (\d+)/\1 \(100%\)", evaluate), evaluate[-800:]
+    assert re.search(r"\[eval suites\] (\d+)/\1 \(100%\)", evaluate), evaluate[-800:]

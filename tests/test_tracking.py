@@ -238,3 +238,105 @@ def test_git_commit_and_host_info(tmp_path: Path) -> None:
     info = host_info()
     assert info["hostname"] and int(info["cpu_count"]) >= 1
     assert set(info) >= {"hostname", "cpu_count", "platform", "python", "slurm_job_id"}
+
+
+# ----------------------------------------------------------------------------------------------
+# experiments open on training runs; tables are parent runs with their rows nested under them
+
+
+def test_experiments_are_tagged_for_training_runs(results: Path, client) -> None:
+    from creditlab.tracking.mlflow_tracker import EXPERIMENT_TAGS
+
+    client.set_experiment_tag(client.get_experiment_by_name("paper-b").experiment_id, "mlflow.experimentKind", "")
+    init_store(results, EXPERIMENTS)  # an experiment made before the tag existed gets it
+    for name in EXPERIMENTS:
+        assert client.get_experiment_by_name(name).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert EXPERIMENT_TAGS == {"mlflow.experimentKind": "custom_model_development"}
+
+
+def _start_child(results: str, local: str, run_key: str, experiment: str = "paper-a") -> str:
+    """Start (in a fresh process) a run nested under table paper-a/main's parent; return the parent id."""
+    from creditlab.tracking.mlflow_tracker import PARENT_TAG, ParentRun
+
+    with Tracker.start(Path(results), experiment, run_key, run_key, {"seed": 0}, {"lr": 1.0}, Path(local),
+                       parent=ParentRun.of_table("tiny", "paper-a", "main")) as tracker:
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracker.uri).get_run(tracker.run_id).data.tags[PARENT_TAG]
+
+
+def test_rows_nest_under_one_table_parent_even_when_jobs_race(results: Path, tmp_path: Path, client,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four processes start four rows of one table at the same time, with no parent run yet: one parent
+    survives (the others' duplicates are deleted), every row is its child, and it carries the table's tags."""
+    import multiprocessing as mp
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    keys = [f"tiny/tiny-s/race-{i}/s0" for i in range(4)]
+    with mp.get_context("spawn").Pool(4) as pool:
+        parents = pool.starmap(_start_child, [(str(results), str(tmp_path / k.replace("/", "_")), k)
+                                              for k in keys])
+    assert len(set(parents)) == 1
+    exp = client.get_experiment_by_name("paper-a").experiment_id
+    tables = client.search_runs([exp], "tags.run_key = 'tiny/table/paper-a/main'")
+    assert [r.info.run_id for r in tables] == parents[:1]
+    parent = tables[0]
+    assert parent.info.run_name == "table paper-a/main"
+    assert parent.data.tags["kind"] == "table" and parent.data.tags["table"] == "paper-a/main"
+    children = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parents[0]}'")
+    assert sorted(r.data.tags["run_key"] for r in children) == keys
+    # a restarted job resumes its run and keeps its parent
+    assert _start_child(str(results), str(tmp_path / "again"), keys[0]) == parents[0]
+
+
+def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(results: Path, tmp_path: Path,
+                                                                             client) -> None:
+    """The table's parent run gets the table as its description, every cell as a metric, the files as
+    artifacts, the row runs' ids and a compare link that includes a row living in another experiment."""
+    import urllib.parse
+
+    import pandas as pd
+
+    from creditlab.tracking.mlflow_tracker import NOTE_TAG, ParentRun
+    from creditlab.tracking.table_runs import publish_table
+
+    ids = []
+    for key, experiment in (("tiny/tiny-s/pub-a/s0", "paper-a"), ("tiny/tiny-s/pub-b/s0", "paper-b")):
+        with _start(results, tmp_path, key, experiment=experiment) as tracker:
+            ids.append(tracker.run_id)
+    df = pd.DataFrame({"row": ["DAPO", "DAPO", "Ours"], "backbone": ["tiny-s"] * 3,
+                       "column": ["AIME24", "AMC", "AIME24"], "ours_mean": [40.0, float("nan"), 45.5],
+                       "mlflow_run_ids": [ids[0], ids[0], ids[1]]})
+    csv, md = tmp_path / "pub.csv", tmp_path / "pub.md"
+    df.to_csv(csv, index=False)
+    md.write_text("# Table pub\n\n| row | AIME24 |\n|---|---|\n| Ours | 45.5 |\n")
+    link = publish_table(results, "paper-a", "tiny", "paper-a", "pub", df, md.read_text(), [csv, md],
+                         tmp_path / "local-pub")
+    exp_a = client.get_experiment_by_name("paper-a").experiment_id
+    exp_b = client.get_experiment_by_name("paper-b").experiment_id
+    query = urllib.parse.parse_qs(link.split("?", 1)[1])
+    assert json.loads(query["runs"][0]) == ids and json.loads(query["experiments"][0]) == [exp_a, exp_b]
+    run = client.get_run(find_run_id(results, "paper-a", ParentRun.of_table("tiny", "paper-a", "pub").key))
+    assert run.info.status == "FINISHED" and run.info.run_name == "table paper-a/pub"
+    assert run.data.tags[NOTE_TAG] == md.read_text() and run.data.tags["compare_url"] == link
+    assert run.data.tags["row_run_ids"] == ",".join(ids) and run.data.tags["rows"] == "2"
+    assert run.data.metrics == {"AIME24/DAPO/tiny-s": 40.0, "AIME24/Ours/tiny-s": 45.5}  # NaN cell: no metric
+    assert sorted(a.path for a in client.list_artifacts(run.info.run_id)) == ["pub.csv", "pub.md"]
+
+
+def test_unique_run_deletes_its_own_duplicate_when_another_job_got_there_first(results: Path, client) -> None:
+    from creditlab.tracking.mlflow_tracker import _unique_run
+
+    exp = client.get_experiment_by_name("paper-a").experiment_id
+    made = {}
+
+    def create():  # another job creates the run between our look-up and our create
+        made["other"] = client.create_run(exp, tags={"run_key": "tiny/dup"}, run_name="other")
+        time.sleep(0.01)
+        made["mine"] = client.create_run(exp, tags={"run_key": "tiny/dup"}, run_name="mine")
+        return made["mine"]
+
+    run, created = _unique_run(client, exp, "tiny/dup", create)
+    assert (run.info.run_id, created) == (made["other"].info.run_id, False)
+    assert client.get_run(made["mine"].info.run_id).info.lifecycle_stage == "deleted"
+    assert _unique_run(client, exp, "tiny/dup", create)[0].info.run_id == made["other"].info.run_id

@@ -73,6 +73,14 @@ def _load_model(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(str(model_dir))
 
 
+def _parent(run):
+    """The MLflow parent run (its first table) of a planned run, or None."""
+    from creditlab.tracking.mlflow_tracker import ParentRun
+
+    where = run.parent_table
+    return ParentRun.of_table(run.scale, *where) if where else None
+
+
 def _tags(run, cfg: dict[str, Any]) -> dict[str, str]:
     from creditlab.tracking.provenance import git_commit
 
@@ -97,10 +105,11 @@ def cmd_prepare(a: argparse.Namespace) -> None:
 
 def cmd_init_tracking(a: argparse.Namespace) -> None:
     """Create the MLflow store and every experiment once, before parallel jobs use it."""
-    from creditlab.tracking.mlflow_tracker import init_store, tracking_uri
+    from creditlab.tracking.mlflow_tracker import ParentRun, init_store, tracking_uri
 
     plan = build_plan(_pipeline(a), validate=False)
-    init_store(Path(a.results), plan.experiments + ["base-models"])
+    parents = [(plan.papers[p].experiment, ParentRun.of_table(plan.scale, p, t)) for p, t in plan.tables]
+    init_store(Path(a.results), plan.experiments + ["base-models"], parents)
     marker = paths.fmt(paths.TRACKING_READY, results=a.results)
     marker.write_text(tracking_uri(Path(a.results)) + "\n")
 
@@ -176,7 +185,7 @@ def cmd_train(a: argparse.Namespace) -> None:
     tok = _load_tokenizer(data_dir)
     model = _load_model(paths.fmt(paths.BASE_DIR, **fill))
     tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg), params=cfg,
-                            local_dir=run_dir)
+                            local_dir=run_dir, parent=_parent(run))
     with tracker:  # ends the MLflow run FAILED if anything below raises
         t0 = time.perf_counter()
         with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
@@ -232,7 +241,7 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
-                                params=cfg, local_dir=out)
+                                params=cfg, local_dir=out, parent=_parent(run))
     with tracker:  # ends the MLflow run it opened FAILED if anything below raises
         tok = _load_tokenizer(data_dir)
         generate_fn, prefix = None, "eval"
@@ -262,6 +271,7 @@ def cmd_table(a: argparse.Namespace) -> None:
     paper's seeds (its own `seeds` at the scale, else the pipeline's)."""
     from creditlab.tables.build import build_table, write_table
     from creditlab.tables.figures import plot_training_curves
+    from creditlab.tables.html import write_markdown_html
 
     plan = build_plan(_pipeline(a), validate=False)
     spec = plan.papers[a.paper]
@@ -271,7 +281,9 @@ def cmd_table(a: argparse.Namespace) -> None:
     seeds = plan.paper_seeds(a.paper)
     df = build_table(spec, a.table, plan.scale, seeds, Path(a.results) / plan.scale / "evals", k,
                      runs_dir=Path(a.results) / plan.scale / "runs")
-    write_table(df, table, spec, paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill))
+    csv, md = paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill)
+    write_table(df, table, spec, csv, md)
+    html = write_markdown_html(md, paths.fmt(paths.TABLE_HTML, **fill), title=f"{a.paper}: table {a.table}")
     series = {}
     for row in table.rows:
         if row.run == BASE_RUN:
@@ -280,8 +292,14 @@ def cmd_table(a: argparse.Namespace) -> None:
         for seed in seeds:
             series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
                 paths.RUN_METRICS, results=a.results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
-    plot_training_curves(series, paths.fmt(paths.CURVES_PNG, **fill), keys=table.curves,
-                         title=f"{spec.title}: {a.table}")
+    curves = paths.fmt(paths.CURVES_PNG, **fill)
+    plot_training_curves(series, curves, keys=table.curves, title=f"{spec.title}: {a.table}")
+    from creditlab.tracking.table_runs import publish_table
+
+    link = publish_table(Path(a.results), spec.experiment, plan.scale, a.paper, a.table, df, md.read_text(),
+                         [csv, md, html, curves], local_dir=csv.parent / f".{a.table}_mlflow")
+    if link:
+        print(f"MLflow: table run {a.paper}/{a.table}, compare its rows at <mlflow ui>/{link}", file=sys.stderr)
 
 
 def cmd_ledger(a: argparse.Namespace) -> None:
@@ -289,6 +307,7 @@ def cmd_ledger(a: argparse.Namespace) -> None:
     provenance, and its claims tested by a paired bootstrap (creditlab.tables.ledger). Reads the table CSVs."""
     import pandas as pd
 
+    from creditlab.tables.html import write_markdown_html
     from creditlab.tables.ledger import build_ledger, verdict_summary, write_ledger
     from creditlab.tracking.mlflow_tracker import tracking_uri
 
@@ -302,7 +321,9 @@ def cmd_ledger(a: argparse.Namespace) -> None:
     df, results = build_ledger(spec, plan.scale, plan.paper_seeds(a.paper), tables, root / "evals", k,
                                root / "runs", tracking_uri(Path(a.results)))
     fill = dict(results=a.results, scale=plan.scale, paper=a.paper)
-    write_ledger(spec, plan.scale, df, results, paths.fmt(paths.LEDGER_CSV, **fill), paths.fmt(paths.LEDGER_MD, **fill))
+    md = paths.fmt(paths.LEDGER_MD, **fill)
+    write_ledger(spec, plan.scale, df, results, paths.fmt(paths.LEDGER_CSV, **fill), md)
+    write_markdown_html(md, paths.fmt(paths.LEDGER_HTML, **fill), title=f"{a.paper}: reproduction ledger")
     print(verdict_summary(results))
 
 
@@ -410,12 +431,19 @@ def cmd_show_config(a: argparse.Namespace) -> None:
 
 
 def cmd_mlflow_ui(a: argparse.Namespace) -> None:
-    """Start the MLflow UI on 127.0.0.1 against the project's store."""
+    """Start the MLflow UI on 127.0.0.1 against the project's store (one worker: a local SQLite store)."""
     from creditlab.tracking.mlflow_tracker import tracking_uri
 
     uri = tracking_uri(Path(a.results))
-    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(a.port)]
-    print("MLflow UI:", f"http://127.0.0.1:{a.port}", "store:", uri, file=sys.stderr)
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(a.port), "--workers", str(a.workers)]
+    # the server's background job runner (GenAI judges, ~9 huey processes) is not used by this project
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    base = f"http://127.0.0.1:{a.port}"
+    print(f"MLflow UI: {base}  (store: {uri})\n"
+          f"  experiments = papers; each table is a parent run `table <paper>/<table>` with its rows nested under it,\n"
+          f"  and its tag `compare_url` opens the compare view of exactly its rows: {base}/<compare_url>\n"
+          f"  training runs view: {base}/#/experiments/<id>/runs?workflowType=machine_learning", file=sys.stderr)
     os.execv(sys.executable, argv)
 
 
@@ -474,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("plan", help=cmd_plan.__doc__).set_defaults(fn=cmd_plan)
     sp = sub.add_parser("mlflow-ui", help=cmd_mlflow_ui.__doc__)
     sp.add_argument("--port", type=int, default=5000)
+    sp.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     sp.set_defaults(fn=cmd_mlflow_ui)
     return p
 

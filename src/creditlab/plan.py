@@ -51,6 +51,16 @@ class Run:
     def trains(self) -> bool:
         return self.run != BASE_RUN
 
+    @property
+    def parent_table(self) -> tuple[str, str] | None:
+        """(paper, table) whose MLflow parent run this run is nested under: its first table in its own
+        experiment's paper (MLflow nests runs within one experiment); None if it has none there."""
+        for entry in self.tables:
+            paper, table = entry.split("/", 1)
+            if paper == self.experiment:
+                return paper, table
+        return None
+
 
 @dataclass
 class Plan:

@@ -8,12 +8,19 @@ rule analysis:
     output:
         json=at_scale(paths.ANALYSIS_JSON),
         md=at_scale(paths.ANALYSIS_MD),
+        html=report(
+            at_scale(paths.ANALYSIS_HTML),
+            caption="../report/analysis.rst",
+            category="{paper}",
+            subcategory="analyses",
+            labels={"paper": "{paper}", "analysis": "{analysis}", "kind": "results"},
+        ),
         png=report(
             at_scale(paths.ANALYSIS_PNG),
             caption="../report/analysis.rst",
             category="{paper}",
             subcategory="analyses",
-            labels={"paper": "{paper}", "analysis": "{analysis}"},
+            labels={"paper": "{paper}", "analysis": "{analysis}", "kind": "figure"},
         ),
     log:
         log_for("analysis/{paper}/{analysis}"),

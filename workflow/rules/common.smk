@@ -49,7 +49,7 @@ def all_tables():
     out = []
     for paper, table in PLAN.tables:  # the tables buildable at this scale
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, table=table)
-        out += [str(paths.fmt(paths.TABLE_CSV, **fill)), str(paths.fmt(paths.CURVES_PNG, **fill))]
+        out += [str(paths.fmt(p, **fill)) for p in (paths.TABLE_CSV, paths.TABLE_HTML, paths.CURVES_PNG)]
     return out + all_figures() + all_analyses() + all_ledgers()
 
 
@@ -60,7 +60,7 @@ def ledger_papers():
 
 def all_ledgers():
     return [str(paths.fmt(p, results=RESULTS, scale=SCALE, paper=paper))
-            for paper in ledger_papers() for p in (paths.LEDGER_CSV, paths.LEDGER_MD)]
+            for paper in ledger_papers() for p in (paths.LEDGER_CSV, paths.LEDGER_MD, paths.LEDGER_HTML)]
 
 
 def ledger_inputs(wildcards):
@@ -100,7 +100,7 @@ def all_analyses():
     out = []
     for paper, name in PLAN.analyses:
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, analysis=name)
-        out += [str(paths.fmt(p, **fill)) for p in (paths.ANALYSIS_JSON, paths.ANALYSIS_MD, paths.ANALYSIS_PNG)]
+        out += [str(paths.fmt(p, **fill)) for p in (paths.ANALYSIS_JSON, paths.ANALYSIS_MD, paths.ANALYSIS_HTML, paths.ANALYSIS_PNG)]
     return out
 
 

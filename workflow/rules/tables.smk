@@ -7,9 +7,16 @@ rule table:
             caption="../report/table.rst",
             category="{paper}",
             subcategory="{table}",
-            labels={"paper": "{paper}", "table": "{table}", "kind": "table"},
+            labels={"paper": "{paper}", "table": "{table}", "kind": "table (CSV download)"},
         ),
         md=at_scale(paths.TABLE_MD),
+        html=report(
+            at_scale(paths.TABLE_HTML),
+            caption="../report/table.rst",
+            category="{paper}",
+            subcategory="{table}",
+            labels={"paper": "{paper}", "table": "{table}", "kind": "table"},
+        ),
         curves=report(
             at_scale(paths.CURVES_PNG),
             caption="../report/curves.rst",
@@ -32,14 +39,21 @@ rule ledger:
     input:
         unpack(ledger_inputs),
     output:
-        md=report(
-            at_scale(paths.LEDGER_MD),
+        md=at_scale(paths.LEDGER_MD),
+        html=report(
+            at_scale(paths.LEDGER_HTML),
             caption="../report/ledger.rst",
             category="{paper}",
             subcategory="ledger",
             labels={"paper": "{paper}", "kind": "reproduction ledger"},
         ),
-        csv=at_scale(paths.LEDGER_CSV),
+        csv=report(
+            at_scale(paths.LEDGER_CSV),
+            caption="../report/ledger.rst",
+            category="{paper}",
+            subcategory="ledger",
+            labels={"paper": "{paper}", "kind": "ledger (CSV download)"},
+        ),
     log:
         log_for("ledger/{paper}"),
     params:

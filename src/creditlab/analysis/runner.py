@@ -25,6 +25,7 @@ def run_analysis(results: str | Path, plan, paper: str, name: str, progress: boo
     from creditlab.engines.local.trainer import Trainer
     from creditlab.plan import compose, run_config
     from creditlab.rewards.scorer import RewardScorer
+    from creditlab.tables.html import write_markdown_html
     from creditlab.tracking.provenance import git_commit
 
     spec = plan.papers[paper]
@@ -73,6 +74,7 @@ def run_analysis(results: str | Path, plan, paper: str, name: str, progress: boo
               "\n\n")
     mod.plot(result, png)
     md.write_text(header + mod.markdown(result))
+    write_markdown_html(md, paths.fmt(paths.ANALYSIS_HTML, **out), title=f"{paper}/{name}")
     tmp = js.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=_jsonable) + "\n")
     os.replace(tmp, js)  # last: the JSON is the rule's completion marker

@@ -6,6 +6,15 @@
 - Store: env `MLFLOW_TRACKING_URI` if set, else a SQLite file `results/mlflow.db`, artifacts
   under `results/mlartifacts/<experiment>`. `init_store` creates the store and the experiments
   once, before any job (two jobs creating a fresh SQLite store at once crash MLflow).
+- Nested runs per table: every table has a parent run in its paper's experiment (run key
+  `{scale}/table/{paper}/{table}`, name `table {paper}/{table}`, see `ParentRun`). A run that trains or
+  evaluates a table's row is created as its child (tag `mlflow.parentRunId`), so the experiment page
+  shows a table's rows folded under it; a run shared by several tables is the child of its first
+  table in its own experiment, and every table's parent carries a link to the compare view of
+  exactly its rows (`publish_table`), wherever they live. Runs are found or created by a race-safe
+  protocol (`_unique_run`): concurrent jobs creating the same parent end with one.
+- Experiments are tagged `mlflow.experimentKind = custom_model_development` so that MLflow 3's UI
+  opens them on the training-runs view rather than the GenAI traces overview.
 - Tracking must never stop training: an http(s) server is probed first (3 s) and our MLflow
   calls run without retries and with a short timeout; the first failing MLflow call (refused,
   timeout, database error, ...) warns once with the URI and the reason and switches the tracker
@@ -24,9 +33,11 @@ import re
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -52,6 +63,11 @@ MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
+
+PARENT_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"  # the run's description (Markdown) in the UI
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+MAX_KEYED_RUNS = 50  # runs fetched per run key when resolving duplicates
 
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
@@ -142,19 +158,22 @@ def _client(uri: str) -> MlflowClient:
 
 
 def _ensure_experiment(client: MlflowClient, name: str, location: str | None) -> str:
-    """The id of experiment `name`, created (or restored if deleted) when needed."""
+    """The id of experiment `name`, created (or restored if deleted) when needed, with EXPERIMENT_TAGS."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
         except MlflowException:  # created concurrently by another process
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    for key, value in EXPERIMENT_TAGS.items():  # experiments made before the tag existed
+        if exp.tags.get(key) != value:
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 
@@ -164,15 +183,67 @@ def _check_run_key(run_key: str) -> None:
         raise ValueError(f"invalid run_key {run_key!r}: must be non-empty, without quotes")
 
 
+def _keyed_runs(client: MlflowClient, experiment_id: str, run_key: str) -> list[Run]:
+    """The active runs of the experiment tagged run_key == `run_key`, earliest first (ties: run id)."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{run_key}'",
+                              max_results=MAX_KEYED_RUNS)
+    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
 def _find_run(client: MlflowClient, experiment_id: str, run_key: str) -> Run | None:
     """The earliest active run of the experiment tagged run_key == `run_key`, or None."""
-    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{run_key}'",
-                              order_by=["attributes.start_time ASC"], max_results=1)
+    runs = _keyed_runs(client, experiment_id, run_key)
     return runs[0] if runs else None
 
 
-def init_store(results_dir: str | Path, experiments: Sequence[str]) -> None:
-    """Create the tracking store and the experiments once, before any job (idempotent).
+def _unique_run(client: MlflowClient, experiment_id: str, run_key: str, create: Callable[[], Run]
+                ) -> tuple[Run, bool]:
+    """The run of `run_key`, created with `create()` if there is none: (run, created by this call).
+
+    Race-safe without locks: after creating, look again; if an earlier run of the key exists (another
+    process created one at the same time), delete ours and use that one. Every racer sees the same
+    earliest run (ordered by start time, then run id), so exactly one survives.
+    """
+    run = _find_run(client, experiment_id, run_key)
+    if run is not None:
+        return run, False
+    mine = create()
+    first = _find_run(client, experiment_id, run_key)
+    if first is not None and first.info.run_id != mine.info.run_id:
+        client.delete_run(mine.info.run_id)
+        return first, False
+    return mine, True
+
+
+@dataclass(frozen=True)
+class ParentRun:
+    """The parent run that groups a table's rows in its paper's experiment (see the module doc)."""
+
+    key: str
+    name: str
+    tags: Mapping[str, str]
+
+    @classmethod
+    def of_table(cls, scale: str, paper: str, table: str) -> ParentRun:
+        """The parent run of `paper`'s table `table` at `scale`."""
+        return cls(key=f"{scale}/table/{paper}/{table}", name=f"table {paper}/{table}",
+                   tags={"kind": "table", "paper": paper, "table": f"{paper}/{table}", "scale": scale})
+
+
+def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str = "") -> str:
+    """The MLflow UI's compare view of `run_ids` (from `experiment_ids`), relative to the UI's `base` URL."""
+    compact = {"separators": (",", ":")}
+    query = urllib.parse.urlencode({"runs": json.dumps(list(run_ids), **compact),
+                                    "experiments": json.dumps(list(dict.fromkeys(experiment_ids)), **compact)},
+                                   quote_via=urllib.parse.quote)
+    return f"{base.rstrip('/')}/#/compare-runs?{query}" if base else f"#/compare-runs?{query}"
+
+
+def init_store(results_dir: str | Path, experiments: Sequence[str],
+               parents: Sequence[tuple[str, ParentRun]] = ()) -> None:
+    """Create the tracking store, the experiments and the tables' parent runs (experiment, parent) once,
+    before any job (idempotent). Jobs would create a missing parent too (race-safe), but doing it here
+    also shows every planned table in the UI before its first row starts.
 
     An unreachable store is reported with a warning, not raised: jobs then track offline.
     """
@@ -181,8 +252,11 @@ def init_store(results_dir: str | Path, experiments: Sequence[str]) -> None:
     if reason is None:
         try:
             client = _client(uri)
-            for name in experiments:
-                _ensure_experiment(client, name, artifact_location(results_dir, name, uri))
+            ids = {name: _ensure_experiment(client, name, artifact_location(results_dir, name, uri))
+                   for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])}
+            for name, parent in parents:
+                _unique_run(client, ids[name], parent.key, lambda: client.create_run(
+                    ids[name], tags=standard_tags(parent.key, parent.tags), run_name=parent.name))  # noqa: B023
             return
         except Exception as err:  # noqa: BLE001 - any store failure must not stop the pipeline
             reason = f"{type(err).__name__}: {err}"
@@ -298,19 +372,23 @@ class Tracker:
 
     @classmethod
     def start(cls, results_dir: str | Path, experiment: str, run_key: str, run_name: str,
-              tags: Mapping[str, Any], params: Mapping[str, Any], local_dir: str | Path) -> Tracker:
+              tags: Mapping[str, Any], params: Mapping[str, Any], local_dir: str | Path,
+              parent: ParentRun | None = None) -> Tracker:
         """Create the MLflow run of `run_key`, or resume it if the experiment already has it.
 
         Sets the standard tags (see `standard_tags`) and logs `params` flattened to dotted keys.
         On resume, params already logged keep their value (MLflow params are immutable); a
         changed value is reported with a warning and listed in the tag `params_changed_on_resume`.
+        With `parent`, the run is nested under that parent run (found or created in the same
+        experiment).
         """
         _check_run_key(run_key)
         tracker = cls(tracking_uri(results_dir), experiment, run_key, local_dir)
         all_tags, flat = standard_tags(run_key, tags), flatten_params(params)
-        payload = {"experiment": experiment, "run_name": run_name, "tags": all_tags, "params": flat}
+        payload = {"experiment": experiment, "run_name": run_name, "tags": all_tags, "params": flat,
+                   "parent": parent.key if parent else None}
         tracker._open("start", payload, lambda: tracker._create_or_resume(
-            results_dir, run_name, all_tags, flat))
+            results_dir, run_name, all_tags, flat, parent))
         return tracker
 
     @classmethod
@@ -348,18 +426,30 @@ class Tracker:
         location = artifact_location(results_dir, self.experiment, self.uri)
         return _ensure_experiment(self._client, self.experiment, location)
 
+    def _parent_id(self, exp_id: str, parent: ParentRun) -> str:
+        """The run id of `parent` in experiment `exp_id`, created (status RUNNING) if needed."""
+        assert self._client is not None
+        client = self._client
+
+        def create() -> Run:
+            return client.create_run(exp_id, tags=standard_tags(parent.key, parent.tags), run_name=parent.name)
+
+        return _unique_run(client, exp_id, parent.key, create)[0].info.run_id
+
     def _create_or_resume(self, results_dir: str | Path, run_name: str, tags: dict[str, str],
-                          params: dict[str, str]) -> None:
+                          params: dict[str, str], parent: ParentRun | None = None) -> None:
         """Online part of `start`."""
         assert self._client is not None
+        client = self._client
         exp_id = self._experiment_id(results_dir)
-        run = _find_run(self._client, exp_id, self.run_key)
-        if run is None:
-            run = self._client.create_run(exp_id, tags=tags, run_name=run_name)
-            self._run_id = run.info.run_id
+        if parent is not None:
+            tags = {**tags, PARENT_TAG: self._parent_id(exp_id, parent)}
+        run, created = _unique_run(client, exp_id, self.run_key,
+                                   lambda: client.create_run(exp_id, tags=tags, run_name=run_name))
+        self._run_id = run.info.run_id
+        if created:
             self._log_batch(params=params)
             return
-        self._run_id = run.info.run_id
         log.info("resuming MLflow run %s of %s", self._run_id, self.run_key)
         self._client.update_run(self._run_id, status="RUNNING")
         changed = sorted(k for k, v in params.items() if run.data.params.get(k, v) != v)
@@ -373,13 +463,15 @@ class Tracker:
     def _attach_or_create(self, results_dir: str | Path, tags: Mapping[str, Any]) -> None:
         """Online part of `attach`."""
         assert self._client is not None
+        client = self._client
         exp_id = self._experiment_id(results_dir)
-        run = _find_run(self._client, exp_id, self.run_key)
-        if run is None:
+
+        def create() -> Run:
             log.info("no MLflow run for %s yet: creating it", self.run_key)
-            run = self._client.create_run(exp_id, tags=standard_tags(self.run_key, tags),
-                                          run_name=self.run_key.replace("/", "-"))
-            self.owns_status = True
+            return client.create_run(exp_id, tags=standard_tags(self.run_key, tags), run_name=self.run_key)
+
+        run, created = _unique_run(client, exp_id, self.run_key, create)
+        self.owns_status = created
         self._run_id = run.info.run_id
 
     # -- state ----------------------------------------------------------------------------------
@@ -490,6 +582,17 @@ class Tracker:
 
         payload = {"path": str(path.resolve()), "artifact_path": artifact_path}
         self._call("log_artifact", payload, action)
+
+    def compare_link(self, run_ids: Sequence[str]) -> str | None:
+        """The UI-relative compare view of `run_ids` (runs of any experiment); None offline or on failure."""
+        if self.offline or self._client is None or not run_ids:
+            return None
+        try:
+            exps = [self._client.get_run(rid).info.experiment_id for rid in run_ids]
+        except Exception as err:  # noqa: BLE001 - a missing run must not stop the table
+            log.warning("no compare link for %s: %s", self.run_key, err)
+            return None
+        return compare_url(run_ids, exps)
 
     def end(self, status: str = "FINISHED") -> None:
         """End the run with `status`. An attached run's status is left unchanged."""
