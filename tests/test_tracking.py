@@ -340,3 +340,18 @@ def test_unique_run_deletes_its_own_duplicate_when_another_job_got_there_first(r
     assert (run.info.run_id, created) == (made["other"].info.run_id, False)
     assert client.get_run(made["mine"].info.run_id).info.lifecycle_stage == "deleted"
     assert _unique_run(client, exp, "tiny/dup", create)[0].info.run_id == made["other"].info.run_id
+
+
+def test_init_store_nests_runs_tracked_before_their_table_had_a_parent(results: Path, tmp_path: Path,
+                                                                       client) -> None:
+    from creditlab.tracking.mlflow_tracker import PARENT_TAG, ParentRun
+
+    with _start(results, tmp_path, "tiny/tiny-s/legacy/s0") as tracker:  # no parent: an older store
+        rid = tracker.run_id
+    parent = ParentRun.of_table("tiny", "paper-a", "legacy")
+    children = [("paper-a", "tiny/tiny-s/legacy/s0", parent.key), ("paper-a", "tiny/tiny-s/absent/s0", parent.key)]
+    init_store(results, EXPERIMENTS, [("paper-a", parent)], children)
+    pid = find_run_id(results, "paper-a", parent.key)
+    assert client.get_run(rid).data.tags[PARENT_TAG] == pid
+    init_store(results, EXPERIMENTS, [("paper-a", parent)], children)  # idempotent
+    assert find_run_id(results, "paper-a", parent.key) == pid and client.get_run(rid).data.tags[PARENT_TAG] == pid

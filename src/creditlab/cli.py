@@ -104,14 +104,19 @@ def cmd_prepare(a: argparse.Namespace) -> None:
 
 
 def cmd_init_tracking(a: argparse.Namespace) -> None:
-    """Create the MLflow store and every experiment once, before parallel jobs use it."""
+    """Create the MLflow store, every experiment and every table's parent run once, before parallel jobs
+    use it; nest runs tracked before their table had a parent run (idempotent: safe to run again)."""
     from creditlab.tracking.mlflow_tracker import ParentRun, init_store, tracking_uri
 
     plan = build_plan(_pipeline(a), validate=False)
     parents = [(plan.papers[p].experiment, ParentRun.of_table(plan.scale, p, t)) for p, t in plan.tables]
-    init_store(Path(a.results), plan.experiments + ["base-models"], parents)
+    children = [(r.experiment, r.key, ParentRun.of_table(r.scale, *r.parent_table).key)
+                for r in plan.runs.values() if r.parent_table]  # nests runs tracked before parents existed
+    init_store(Path(a.results), plan.experiments + ["base-models"], parents, children)
     marker = paths.fmt(paths.TRACKING_READY, results=a.results)
-    marker.write_text(tracking_uri(Path(a.results)) + "\n")
+    text = tracking_uri(Path(a.results)) + "\n"
+    if not marker.is_file() or marker.read_text() != text:  # unchanged: keep its mtime (jobs depend on it)
+        marker.write_text(text)
 
 
 def cmd_warmup(a: argparse.Namespace) -> None:

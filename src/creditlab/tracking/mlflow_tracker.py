@@ -240,10 +240,12 @@ def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str
 
 
 def init_store(results_dir: str | Path, experiments: Sequence[str],
-               parents: Sequence[tuple[str, ParentRun]] = ()) -> None:
+               parents: Sequence[tuple[str, ParentRun]] = (),
+               children: Sequence[tuple[str, str, str]] = ()) -> None:
     """Create the tracking store, the experiments and the tables' parent runs (experiment, parent) once,
-    before any job (idempotent). Jobs would create a missing parent too (race-safe), but doing it here
-    also shows every planned table in the UI before its first row starts.
+    before any job (idempotent), and nest existing runs (experiment, run key, parent key) that have no
+    parent yet (runs tracked before tables had parent runs). Jobs would create a missing parent too
+    (race-safe), but doing it here also shows every planned table in the UI before its first row starts.
 
     An unreachable store is reported with a warning, not raised: jobs then track offline.
     """
@@ -254,9 +256,16 @@ def init_store(results_dir: str | Path, experiments: Sequence[str],
             client = _client(uri)
             ids = {name: _ensure_experiment(client, name, artifact_location(results_dir, name, uri))
                    for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])}
+            parent_ids: dict[tuple[str, str], str] = {}
             for name, parent in parents:
-                _unique_run(client, ids[name], parent.key, lambda: client.create_run(
+                run, _ = _unique_run(client, ids[name], parent.key, lambda: client.create_run(  # noqa: B023
                     ids[name], tags=standard_tags(parent.key, parent.tags), run_name=parent.name))  # noqa: B023
+                parent_ids[name, parent.key] = run.info.run_id
+            for name, run_key, parent_key in children:
+                run = _find_run(client, ids[name], run_key) if name in ids else None
+                pid = parent_ids.get((name, parent_key))
+                if run is not None and pid is not None and PARENT_TAG not in run.data.tags:
+                    client.set_tag(run.info.run_id, PARENT_TAG, pid)
             return
         except Exception as err:  # noqa: BLE001 - any store failure must not stop the pipeline
             reason = f"{type(err).__name__}: {err}"
