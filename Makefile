@@ -28,7 +28,7 @@ sysdeps:
 install: sysdeps $(VENV)/.installed
 
 run: install
-	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --workflow-profile workflow/profiles/default --cores $(CORES)
 	$(BIN)/snakemake --report results/report.html
 
 test: install

@@ -3,6 +3,8 @@
 #   bubblewrap        sandbox of the code-execution verifier (creditlab.rewards.code_exec)
 #   chromium          headless browser of the MLflow UI / HTML report tests (tests/test_browser.py)
 #   chromium-driver   (the matching driver; Playwright drives /usr/bin/chromium over CDP)
+#   tools/sysdeps.d/slurm.sh adds slurmctld, slurmd, slurm-client, munge (the one-node SLURM cluster of
+#   tests/test_slurm.py)
 # Installs only as root on Debian/Ubuntu; otherwise it says what is missing and what then fails.
 set -uo pipefail
 
@@ -30,5 +32,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   fi
 else
   echo "warning: missing Debian packages (${missing[*]}) and not root with apt-get: install them yourself;" \
-       "without them the code_exec sandbox falls back to a weaker one and the browser tests fail" >&2
+       "without them the code_exec sandbox falls back to a weaker one and the browser and SLURM tests fail" >&2
 fi
