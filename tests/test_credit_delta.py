@@ -15,7 +15,6 @@ from creditlab.algos.credit.base import CreditInputs, apply_credit
 from creditlab.algos.credit.delta import (
     COEF_VARIANTS,
     delta_coefficients,
-    delta_select_mask,
     delta_weights,
     lm_head_row_proxy,
     topk_hidden_proxy,

@@ -655,8 +655,8 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
                      f"`{column.relative_to}` on the same backbone (CI from the ratio of bootstrap means)")
         return f"- **{column.name}**: {what}"
     if column.is_training:
-        what = (f"mean wall time per RL step (`t_step` of the run's training metrics.jsonl) in seconds, "
-                f"steps of all seeds pooled, 95% bootstrap CI over steps; base-model rows: empty (not trained)")
+        what = ("mean wall time per RL step (`t_step` of the run's training metrics.jsonl) in seconds, "
+                "steps of all seeds pooled, 95% bootstrap CI over steps; base-model rows: empty (not trained)")
         ref = column.relative_to
         if ref is not None and column.relative == "ratio":
             what = (f"ratio of the {what.split(' in seconds')[0]} to run `{ref}`'s on the same backbone, "

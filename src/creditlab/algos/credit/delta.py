@@ -218,6 +218,7 @@ def delta_weights(
     refine_steps: int = 1,
     variant: str = "full",
     topk: int | None = None,
+    all_reduce: Reduce | None = None,
 ) -> Tensor:
     """DelTA credit: lambda_{i,t} from :func:`delta_coefficients` on the valid tokens, 0 on padding.
 
@@ -225,6 +226,8 @@ def delta_weights(
     inputs of the old-log-prob forward: no extra forward pass). ``variant="topk_proxy"`` builds v from
     the top-``topk`` distribution (topk_logp/topk_ids Tensor[B, T, K], lm_head Tensor[V, d]; an engine
     returns K = min(topk, V) columns when a credit config sets ``topk``) instead of (1 - p) h.
+    ``all_reduce`` (a sum over data-parallel ranks, passed by a multi-rank engine: the verl workers) makes
+    every statistic global-batch; None = this batch alone (one rank, or the official per-rank statistics).
     Returns Tensor[B, T].
     """
     if variant not in VARIANTS:
@@ -239,7 +242,7 @@ def delta_weights(
     else:
         v = lm_head_row_proxy(old_logp[valid], hidden[valid])
     adv_tok = advantages.float()[:, None].expand_as(mask)[valid]
-    lam = delta_coefficients(v, adv_tok, lam_min, lam_max, refine_steps, variant, generator=rng)
+    lam = delta_coefficients(v, adv_tok, lam_min, lam_max, refine_steps, variant, generator=rng, all_reduce=all_reduce)
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     out[valid] = lam
     return out
@@ -263,12 +266,15 @@ def delta_select_mask(
     lam_min: float = 0.8,
     lam_max: float = 1.2,
     refine_steps: int = 1,
+    all_reduce: Reduce | None = None,
 ) -> Tensor:
     """Token selection by DelTA's lambda (Paper B, Figure 3): the loss sees only the selected tokens.
 
     Among the valid tokens of rollouts with A != 0 (A = 0 tokens carry no gradient) keep the
     ``frac`` share with the highest (``top``) or lowest (``bottom``) lambda, or a uniformly random
     share (``random``); the advantage itself is not reweighted. [ours: the ranking excludes A = 0 tokens]
+    ``all_reduce``: as :func:`delta_weights` (lambda from global statistics; the ``frac`` share is then
+    taken within this batch, i.e. per data-parallel rank [ours]).
     Shapes as :func:`delta_weights`; returns a 0/1 float Tensor[B, T].
     """
     if mode not in SELECT_MODES:
@@ -276,7 +282,7 @@ def delta_select_mask(
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac must be in (0, 1], got {frac}")
     lam = delta_weights(responses, mask, old_logp, advantages, hidden, lam_min=lam_min, lam_max=lam_max,
-                        refine_steps=refine_steps)
+                        refine_steps=refine_steps, all_reduce=all_reduce)
     cand = mask.bool() & (advantages != 0)[:, None]
     n_keep = int(round(frac * int(cand.sum())))
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)

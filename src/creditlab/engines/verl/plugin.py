@@ -1,0 +1,395 @@
+"""creditlab's verl plug-in: our methods registered in verl's registries, and the overrides a run needs.
+
+Loaded in every verl process through ``VERL_USE_EXTERNAL_MODULES=creditlab.engines.verl.plugin`` (verl's
+``__init__`` imports it; verl 0.9.1). It imports only verl's registries (``verl.trainer.ppo.core_algos``),
+never the trainer or worker stack: those are imported by the entry point ``creditlab.engines.verl.main``.
+
+What it registers (nothing about a method is written here; every function below looks the method up in
+``creditlab.algos.registry`` and only adapts verl's shapes and arguments):
+
+* ``creditlab_<loss>`` in verl's ``POLICY_LOSS_REGISTRY`` (``core_algos.register_policy_loss``) for every
+  creditlab policy loss (``dapo``, ``sapo``, ``gspo``, ``fipo``, ...). verl calls a policy loss as
+  ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
+  with Tensor[B, T] response tensors of one micro-batch and the global normalisers in
+  ``config.global_batch_info`` (``dp_size``, ``batch_num_tokens``, ``global_batch_size``); see
+  :func:`verl_policy_loss`. verl's loss receives only advantages, so credit weights are folded into them
+  (A_{i,t} = A_i w_{i,t}, :func:`fold_credit`) before the update, by the trainer.
+* ``creditlab_<advantage>`` in verl's ``ADV_ESTIMATOR_REGISTRY`` (``core_algos.register_adv_est``) for
+  every creditlab advantage (``grpo``, ``rloo``, ``dr_grpo``): ``fn(token_level_rewards, response_mask,
+  index, config)`` -> (advantages, returns), Tensor[B, T] each (:func:`verl_advantage`).
+
+Method hyperparameters (``method.loss_kwargs``, ``method.advantage_kwargs``, credit settings) are read from
+the resolved run config, the YAML the launcher passes as ``+creditlab.config_path=<path>``; the entry point
+exports that path to every Ray process as ``CREDITLAB_RUN_CONFIG`` (:func:`run_config`).
+
+:func:`plugin_overrides` is the contract with the launcher: the Hydra overrides of verl's config that
+select these registrations (and our trainer, sampler, LoRA) for one run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from functools import lru_cache
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import yaml
+from torch import Tensor
+
+from creditlab.algos import registry
+from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of, required_inputs_of
+from creditlab.algos.losses import AGG_MODES
+
+PLUGIN_MODULE = "creditlab.engines.verl.plugin"
+ENV_RUN_CONFIG = "CREDITLAB_RUN_CONFIG"
+"""Environment variable holding the path of the resolved run config (YAML) in every verl process."""
+TRAINER_MODE = "creditlab_sync"
+"""``trainer.v1.trainer_mode`` of our trainer (``creditlab.engines.verl.trainer.CreditlabTrainer``)."""
+PREFIX = "creditlab_"
+"""Prefix of our names in verl's registries: ``creditlab_dapo`` (loss), ``creditlab_grpo`` (advantage)."""
+SAMPLER_PATH = "pkg://creditlab.engines.verl.trainer"
+SAMPLER_NAME = "RewardBalancedSampler"
+
+WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "topk_ids"})
+"""CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
+function or token filter naming one of them runs inside the workers' old-log-prob pass."""
+REF_INPUTS = frozenset({"ref_logp", "base_hidden"})
+"""CreditInputs from the reference pass (the forward with the LoRA adapter disabled)."""
+VERL_PROVIDED = frozenset({"responses", "mask", "old_logp", "advantages", "group_ids", "entropy", "rng",
+                           "hidden", "ref_logp", "base_hidden"})
+"""CreditInputs the verl engine provides (ref_logp / base_hidden only with LoRA: ``trainer.lora.enable``).
+Not provided: the top-K next-token distributions and the LM-head weight (``topk_proxy`` DelTA variant)."""
+
+VERL_DEFAULTS: dict[str, Any] = {
+    "credit_dp_stats": "global",  # DelTA statistics: all-reduced over data-parallel ranks | "rank" (official)
+    "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
+    "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update
+}
+"""Options of the plug-in read from an optional ``verl:`` section of the run config [ours]; the launcher
+may leave it out. ``rb.on_exhausted``: ``train_unbalanced`` (the oldest groups, logged) | ``raise``."""
+
+
+# ------------------------------------------------------------------------------------------------------
+# run config
+
+
+@lru_cache(maxsize=4)
+def _load_yaml(path: str, mtime: float) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def run_config(path: str | None = None) -> dict | None:
+    """The resolved run config (the dict the local engine gets: method, trainer, model, ...), read from
+    ``path`` or from ``$CREDITLAB_RUN_CONFIG``; None when neither is set. Cached per (path, mtime)."""
+    path = path or os.environ.get(ENV_RUN_CONFIG)
+    if not path:
+        return None
+    return _load_yaml(path, os.path.getmtime(path))
+
+
+def verl_options(run_cfg: dict | None) -> dict[str, Any]:
+    """:data:`VERL_DEFAULTS` updated by the run config's ``verl:`` section (one level deep)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in VERL_DEFAULTS.items()}
+    for k, v in ((run_cfg or {}).get("verl") or {}).items():
+        if k not in out:
+            raise KeyError(f"unknown verl option {k!r}; valid choices: {sorted(out)}")
+        out[k] = {**out[k], **v} if isinstance(out[k], dict) else v
+    return out
+
+
+def method_kwargs(kind: str, name: str, run_cfg: dict | None) -> dict[str, Any]:
+    """The run config's kwargs for a registered function: ``method.loss_kwargs`` when ``method.policy_loss``
+    is ``name`` (kind ``policy_loss``), ``method.advantage_kwargs`` when ``method.advantage`` is ``name``
+    (kind ``advantage``); {} otherwise (the function's own defaults)."""
+    m = (run_cfg or {}).get("method") or {}
+    key, kw = {"policy_loss": ("policy_loss", "loss_kwargs"), "advantage": ("advantage", "advantage_kwargs")}[kind]
+    return dict(m.get(kw) or {}) if m.get(key) == name else {}
+
+
+def entries(kind: str, items: list[dict] | None) -> list[tuple[Callable, dict]]:
+    """Method config entries ``[{name, **kwargs}]`` -> [(registered function, kwargs)] (as the local engine)."""
+    return [(registry.get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in items or []]
+
+
+def step_seed(seed: int, step: int, sub: int = 0) -> int:
+    """A 63-bit seed that is a pure function of (seed, step, sub): the local engine's derivation, so the
+    same (seed, step) draws the same streams in both engines (sub 10_000: batching, 20_000: credit rng)."""
+    return int(np.random.SeedSequence([seed, step, sub]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def runs_on_worker(fn: Callable) -> bool:
+    """Whether a credit function / token filter needs inputs that exist only on the GPU workers."""
+    return bool(set(credit_inputs_of(fn)) & WORKER_INPUTS)
+
+
+# ------------------------------------------------------------------------------------------------------
+# policy losses
+
+
+def _global_scale(mask: Tensor, agg: str, info: dict) -> tuple[float | None, float]:
+    """(denom, scale) turning creditlab's per-micro-batch ``aggregate`` into verl's global one.
+
+    verl (``core_algos.agg_loss``) normalises a micro-batch's loss by the whole mini-batch over all
+    data-parallel ranks and multiplies by dp_size (FSDP averages gradients over ranks):
+      token-mean:          sum m l / batch_num_tokens * dp      -> ours with denom = batch_num_tokens / dp
+      seq-mean-token-*:    sum_i l_i / global_batch_size * dp   -> ours (mean over the B local rows) * scale,
+                           scale = B dp / global_batch_size; without global info verl divides by the
+                           non-empty rows: scale = B / n_nonempty.
+    mask: Tensor[B, T]. Both are exact rescalings (the loss is linear in the per-token terms).
+    """
+    dp = int(info.get("dp_size") or 1)
+    if agg == "token-mean":
+        n = info.get("batch_num_tokens")
+        return (None if n is None else float(n) / dp), 1.0
+    B = mask.shape[0]
+    gbs = info.get("global_batch_size")
+    if gbs is not None:
+        return None, B * dp / float(gbs)
+    if dp > 1:
+        raise ValueError("global_batch_size is required when dp_size > 1 (verl's agg_loss)")
+    return None, B / max(1, int((mask.sum(-1) > 0).sum()))
+
+
+def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[..., tuple[Tensor, dict]]:
+    """verl-signature wrapper of creditlab's registered policy loss ``name``.
+
+    The returned ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+    config=None, rollout_is_weights=None) -> (loss, metrics)`` takes Tensor[B, T] each (``advantages``:
+    A_i times any credit weights, already folded in) and calls ``registry.get("policy_loss", name)`` with
+    ``loss_kwargs`` (None: the run config's ``method.loss_kwargs``, :func:`method_kwargs`), the aggregation
+    ``loss_agg_mode`` and verl's global normalisers from ``config.global_batch_info`` (:func:`_global_scale`).
+    Metrics are verl's style: ``actor/<stat>`` (and ``actor/pg_clipfrac`` for our ``clipfrac``).
+    """
+    fn = registry.get("policy_loss", name)
+    if "group_ids" in inspect.signature(fn).parameters:
+        def refuse(*args, **kwargs):
+            raise NotImplementedError(f"policy loss {name!r} couples the rollouts of a group (it needs group ids); "
+                                      "verl's policy-loss interface passes none: not supported on the verl engine")
+        refuse.__name__ = refuse.__qualname__ = f"{PREFIX}{name}"
+        return refuse
+
+    def loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+             loss_agg_mode: str = "token-mean", config: Any = None, rollout_is_weights: Tensor | None = None):
+        kwargs = dict(method_kwargs("policy_loss", name, run_config()) if loss_kwargs is None else loss_kwargs)
+        agg = kwargs.pop("agg", loss_agg_mode)
+        if agg != loss_agg_mode:
+            raise ValueError(f"method.loss_kwargs.agg={agg!r} but verl's actor.loss_agg_mode={loss_agg_mode!r}; "
+                             "plugin_overrides() sets the verl key from the run config")
+        if agg not in AGG_MODES:
+            raise ValueError(f"loss aggregation {agg!r} has no creditlab form; valid choices: {list(AGG_MODES)}")
+        if rollout_is_weights is not None:
+            raise NotImplementedError("creditlab losses take no rollout importance weights "
+                                      "(algorithm.rollout_correction must stay off)")
+        mask = response_mask.to(log_prob.dtype)
+        info = dict(getattr(config, "global_batch_info", None) or {})
+        denom, scale = _global_scale(mask, agg, info)
+        value, stats = fn(log_prob, old_log_prob, advantages, mask, agg=agg, denom=denom, **kwargs)
+        metrics = {f"actor/{k}": v for k, v in stats.items()}
+        if "clipfrac" in stats:
+            metrics["actor/pg_clipfrac"] = stats["clipfrac"]
+        return value * scale, metrics
+
+    loss.__name__ = loss.__qualname__ = f"{PREFIX}{name}"
+    loss.__doc__ = f"verl policy loss wrapping creditlab's {name!r} (see verl_policy_loss)."
+    return loss
+
+
+# ------------------------------------------------------------------------------------------------------
+# advantages
+
+
+def group_index(index: Any) -> Tensor:
+    """verl's per-rollout prompt ``uid`` (np.ndarray of str, or a list) -> Tensor[B] long group ids."""
+    _, inv = np.unique(np.asarray(list(index), dtype=object).astype(str), return_inverse=True)
+    return torch.as_tensor(inv.reshape(-1), dtype=torch.long)
+
+
+def sequence_advantages(name: str, rewards: Tensor, group_ids: Tensor, kwargs: dict | None = None) -> Tensor:
+    """creditlab's registered advantage ``name`` with the run config's kwargs: Tensor[B] -> Tensor[B]."""
+    kw = method_kwargs("advantage", name, run_config()) if kwargs is None else kwargs
+    return registry.get("advantage", name)(rewards, group_ids, **kw)
+
+
+def verl_advantage(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """verl-signature advantage estimator for creditlab's ``name``:
+    ``fn(token_level_rewards, response_mask, index=None, config=None, **_) -> (advantages, returns)``,
+    Tensor[B, T] each: the sequence advantage A_i (rewards = token_level_rewards summed over the response,
+    groups = ``index``, verl's prompt uids) broadcast over the valid tokens. Credit weights are folded in
+    later, by the trainer (:func:`fold_credit`): a verl estimator sees no log-probs."""
+
+    def estimator(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None, config: Any = None, **_):
+        if index is None:
+            raise ValueError(f"advantage {name!r} needs the prompt uids (verl's `index`)")
+        adv = sequence_advantages(name, token_level_rewards.sum(-1), group_index(index))
+        adv = adv.to(token_level_rewards.dtype)[:, None] * response_mask
+        return adv, adv
+
+    estimator.__name__ = estimator.__qualname__ = f"{PREFIX}{name}"
+    return estimator
+
+
+# ------------------------------------------------------------------------------------------------------
+# credit folding (driver side)
+
+
+def compose(fns: list[tuple[Callable, dict]], inputs: CreditInputs, extra: dict | None = None) -> Tensor:
+    """Product of ``apply_credit(fn, inputs, kwargs)`` over ``fns`` (credit functions compose by
+    multiplication, as in the local engine); ones when empty. ``extra`` kwargs go to the functions whose
+    signature names them (``all_reduce``). Returns Tensor[B, T] (float32)."""
+    out = torch.ones(inputs.old_logp.shape, dtype=torch.float32, device=inputs.old_logp.device)
+    for fn, kw in fns:
+        params = inspect.signature(fn).parameters
+        more = {k: v for k, v in (extra or {}).items() if k in params}
+        out = out * apply_credit(fn, inputs, {**kw, **more}).float()
+    return out
+
+
+def fold_credit(inputs: CreditInputs, credit: list[tuple[Callable, dict]], token_filters: list[tuple[Callable, dict]],
+                worker_weights: Tensor | None = None, worker_filter: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token advantages and loss mask for verl's loss, from the run's credit functions and token filters.
+
+    weights  w = prod(credit functions run here) * worker_weights (those that ran in the workers)
+    adv_tok  = A_i w_{i,t} m_{i,t}           (what verl's loss receives as ``advantages``)
+    loss_mask = m * prod(token filters run here) * worker_filter (restricts the loss and its token-mean)
+    inputs: CreditInputs of B rollouts x T response positions (advantages: Tensor[B] sequence advantages);
+    worker_*: Tensor[B, T] or None. Returns (adv_tok, loss_mask, w), Tensor[B, T] float32 each.
+    """
+    w = compose(credit, inputs)
+    if worker_weights is not None:
+        w = w * worker_weights.float()
+    mask = inputs.mask.float()
+    loss_mask = mask * compose(token_filters, inputs)
+    if worker_filter is not None:
+        loss_mask = loss_mask * worker_filter.float()
+    adv_tok = inputs.advantages.float()[:, None] * w * mask
+    return adv_tok, loss_mask, w
+
+
+# ------------------------------------------------------------------------------------------------------
+# the launcher contract
+
+
+def _resolved_loss_kwargs(name: str, kwargs: dict) -> dict[str, Any]:
+    """The loss's keyword defaults updated by ``kwargs`` (what the loss will actually use)."""
+    params = inspect.signature(registry.get("policy_loss", name)).parameters
+    out = {k: p.default for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    out.update(kwargs)
+    return out
+
+
+def _check_inputs(run_cfg: dict) -> None:
+    """Fail at plan time when a credit function / token filter needs an input the verl engine lacks."""
+    m, lora = run_cfg["method"], (run_cfg["trainer"].get("lora") or {}).get("enable", False)
+    provided = VERL_PROVIDED if lora else VERL_PROVIDED - REF_INPUTS
+    for kind, key in (("credit", "credit"), ("token_filter", "token_filter")):
+        for fn, _ in entries(kind, m.get(key)):
+            missing = sorted(set(required_inputs_of(fn)) - provided)
+            if missing:
+                hint = " (set trainer.lora.enable=true)" if set(missing) <= REF_INPUTS else ""
+                raise ValueError(f"{kind} {fn.__name__} needs {missing}, which the verl engine does not provide{hint}")
+
+
+def plugin_overrides(run_cfg: dict) -> list[str]:
+    """verl Hydra overrides selecting creditlab's registrations for one run (appended by the launcher).
+
+    run_cfg: the resolved run config (``python -m creditlab show-config ...``). Returns override strings:
+      always   ``trainer.use_v1=true``, ``trainer.v1.trainer_mode=creditlab_sync`` (our trainer),
+               ``algorithm.adv_estimator=creditlab_<method.advantage>``,
+               ``actor_rollout_ref.actor.policy_loss.loss_mode=creditlab_<method.policy_loss>``,
+               ``actor_rollout_ref.actor.loss_agg_mode=<agg>``, no KL (loss and reward), no entropy bonus,
+               and verl's own copies of the loss hyperparameters it has fields for (clip_ratio_low/high/c,
+               tau_pos/neg: the loss itself reads method.loss_kwargs);
+      QB       ``actor_rollout_ref.actor.shuffle=false`` (the trainer then keeps groups whole);
+      RB       ``trainer.v1.sampler.custom_sampler.{path,name}`` (our sampler) and its ``sampler_kwargs``;
+      LoRA     ``actor_rollout_ref.model.lora_rank/lora_alpha/target_modules`` (ARCA's reference pass);
+      hidden-state credit (DelTA, ARCA) ``actor_rollout_ref.model.use_fused_kernels=false``.
+    Raises ValueError for what the verl engine cannot run (group-coupled losses, unsupported batchings,
+    credit inputs it does not provide, RB with dynamic sampling).
+    """
+    m, t = run_cfg["method"], run_cfg["trainer"]
+    loss, adv = m["policy_loss"], m["advantage"]
+    fn = registry.get("policy_loss", loss)
+    registry.get("advantage", adv)
+    if "group_ids" in inspect.signature(fn).parameters:
+        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group (it needs group ids); verl's "
+                         "policy-loss interface passes none: not supported on the verl engine")
+    kw = _resolved_loss_kwargs(loss, dict(m.get("loss_kwargs") or {}))
+    if kw.get("agg") not in AGG_MODES:
+        raise ValueError(f"loss aggregation {kw.get('agg')!r}; valid choices: {list(AGG_MODES)}")
+    _check_inputs(run_cfg)
+    actor = "actor_rollout_ref.actor"
+    out = [
+        "trainer.use_v1=true",
+        f"trainer.v1.trainer_mode={TRAINER_MODE}",
+        f"algorithm.adv_estimator={PREFIX}{adv}",
+        f"{actor}.policy_loss.loss_mode={PREFIX}{loss}",
+        f"{actor}.loss_agg_mode={kw['agg']}",
+        f"{actor}.use_kl_loss=false",
+        "algorithm.use_kl_in_reward=false",
+        f"{actor}.entropy_coeff=0",
+    ]
+    mirror = {"eps_low": "clip_ratio_low", "eps_high": "clip_ratio_high", "dual_clip_c": "clip_ratio_c",
+              "tau_pos": "tau_pos", "tau_neg": "tau_neg"}
+    out += [f"{actor}.{v}={kw[k]}" for k, v in mirror.items() if kw.get(k) is not None]
+
+    batching = t.get("batching", "random")
+    if batching == "query_preserved":
+        out.append(f"{actor}.shuffle=false")
+    elif batching not in ("random", "token_balanced"):
+        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (verl cuts equal-size "
+                         "mini-batches); valid choices: ['random', 'token_balanced', 'query_preserved'] "
+                         "(random and token_balanced both mean verl's own balancing)")
+
+    rb = t.get("reward_balance") or {}
+    if rb.get("enable"):
+        if t.get("dynamic_sampling"):
+            raise ValueError("reward-balanced batching replaces verl's replay buffer, whose DAPO group filter "
+                             "(dynamic sampling) it does not implement: turn one of them off")
+        sk = "+trainer.v1.sampler.sampler_kwargs"
+        out += [f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
+                f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
+                f"{sk}.rho={rb['rho']}", f"{sk}.max_age={rb['max_age']}", f"{sk}.sign={rb['sign']}",
+                f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}"]
+
+    if any(runs_on_worker(fn) for kind in ("credit", "token_filter") for fn, _ in entries(kind, m.get(kind))):
+        out.append("actor_rollout_ref.model.use_fused_kernels=false")  # hidden states come from the LM-head call
+
+    lora = t.get("lora") or {}
+    if lora.get("enable"):
+        mods = ",".join(lora["target_modules"])
+        out += [f"actor_rollout_ref.model.lora_rank={lora['rank']}",
+                f"actor_rollout_ref.model.lora_alpha={lora['alpha']}",
+                f"actor_rollout_ref.model.target_modules=[{mods}]"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# registration (runs on import, in every verl process)
+
+
+def register_all() -> dict[str, list[str]]:
+    """Register every creditlab policy loss and advantage in verl's registries (idempotent).
+
+    Returns the names registered: {"policy_loss": [...], "advantage": [...]}.
+    """
+    from verl.trainer.ppo import core_algos
+
+    losses = []
+    for name in registry.names("policy_loss"):
+        core_algos.register_policy_loss(f"{PREFIX}{name}")(verl_policy_loss(name))
+        losses.append(f"{PREFIX}{name}")
+    advs = []
+    for name in registry.names("advantage"):
+        key = f"{PREFIX}{name}"
+        old = core_algos.ADV_ESTIMATOR_REGISTRY.get(key)
+        if old is None or getattr(old, "__module__", None) != __name__:
+            core_algos.register_adv_est(key)(verl_advantage(name))
+        advs.append(key)
+    return {"policy_loss": losses, "advantage": advs}
+
+
+REGISTERED = register_all()

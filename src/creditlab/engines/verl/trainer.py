@@ -1,0 +1,517 @@
+"""creditlab's verl V1 trainer: query-preserved batching, credit folding, the RB sampler, token flipping.
+
+verl 0.9.1's V1 sync trainer (``verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync``) runs one step as
+  sample (ReplayBuffer over TransferQueue) -> ``_balance_batch`` -> ``_compute_old_log_prob`` ->
+  ``_compute_ref_log_prob`` -> ``_compute_advantage`` -> ``_update_actor``
+on a ``KVBatchMeta`` (keys ``{uid}_{session}_{index}`` of the rollouts in TransferQueue, with tags such as
+``seq_len``). :class:`CreditlabTrainer` (registered as ``trainer.v1.trainer_mode=creditlab_sync``) overrides:
+
+* ``_balance_batch``: with ``trainer.batching=query_preserved`` (QB, Paper C) the batch is ordered so that
+  verl's own dispatch (contiguous equal chunks per data-parallel rank) and mini-batching (contiguous slices
+  of ``ppo_mini_batch_size * n / dp`` rows per rank, ``actor.shuffle=false``) put every group whole into one
+  optimizer step and onto one rank (:func:`qb_order`, built on creditlab's ``partition_bins``); otherwise
+  verl's token balancing. Both log ``creditlab/groups_split_frac`` of the mini-batches verl will cut.
+* ``_compute_old_log_prob``: when a credit function needs worker inputs (hidden states) or LoRA's reference
+  pass, first writes the sequence advantages A_i to TransferQueue and the credit spec into the batch's
+  ``extra_info``, so that the workers (``workers.CreditlabActorRolloutRefWorker``) compute them in the same
+  forward; ``_compute_ref_log_prob`` then reuses the fused reference pass.
+* ``_compute_advantage``: after verl's (our registered ``creditlab_<advantage>`` estimator: A_i on every
+  token), folds the credit weights into the per-token advantages and computes the token-filter loss mask
+  (``plugin.fold_credit``); logs Paper D's weight Gini / EffN/T and the adapter residual.
+* ``_update_actor``: token filters restrict verl's loss mask (``response_mask`` / ``loss_mask``, the
+  token-mean normaliser) for the update only; optionally a post-update log-prob pass measures token flipping
+  (Paper C, Algorithm 1: Δ log p of every token after the step's update, ``creditlab/flip/...``).
+* ``_init_resource_pool_mgr``: our worker class in place of verl's ``ActorRolloutRefWorker``.
+
+:class:`RewardBalancedSampler` is reward-balanced batching (RB, Paper C) as a verl custom replay buffer
+(``trainer.v1.sampler.custom_sampler``) on the real TransferQueue.
+
+Everything that needs verl's Ray worker group and GPUs is written against verl's classes but exercised on CPU
+only piecewise (tests/test_verl_plugin.py): the balancing with verl's real code, the sampler against a real
+TransferQueue, and the pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ray
+import torch
+import transfer_queue as tq
+from omegaconf import DictConfig, OmegaConf, open_dict
+from tensordict import TensorDict
+from torch import Tensor
+from transfer_queue import KVBatchMeta
+
+from creditlab.algos.batching import RewardBalancedBuffer, groups_split_frac, partition_bins, sign_counts
+from creditlab.algos.credit.arca import weight_diagnostics
+from creditlab.algos.credit.base import CreditInputs, credit_inputs_of
+from creditlab.analysis.flipping import flip_fractions
+from creditlab.engines.verl.plugin import (
+    ENV_RUN_CONFIG,
+    REF_INPUTS,
+    TRAINER_MODE,
+    entries,
+    fold_credit,
+    group_index,
+    run_config,
+    runs_on_worker,
+    sequence_advantages,
+    step_seed,
+    verl_options,
+)
+from creditlab.engines.verl.workers import (
+    CREDIT_KEY,
+    OUT_FILTER,
+    OUT_REF,
+    OUT_RESIDUAL,
+    OUT_WEIGHTS,
+    SEQ_ADV,
+    CreditlabActorRolloutRefWorker,
+)
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
+from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+LOSS_MASK = "creditlab_loss_mask"
+"""TransferQueue field: the loss mask after token filters (nested over response tokens)."""
+
+
+# ------------------------------------------------------------------------------------------------------
+# pure pieces
+
+
+def uid_of(key: str) -> str:
+    """The prompt uid of a verl rollout key ``{uid}_{session_id}_{index}`` (uids are uuid4 strings)."""
+    return key.split("_", 1)[0]
+
+
+def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
+    return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
+
+
+def verl_minibatches(n_rollouts: int, dp_size: int, mini_batch_size: int) -> list[list[int]]:
+    """Rows (positions in the balanced batch) of each optimizer step, as verl 0.9.1 cuts them.
+
+    Dispatch splits the batch into ``dp_size`` contiguous equal chunks (``BatchMeta.chunk``); each rank's
+    ``TrainingWorker.train_mini_batch`` cuts its chunk into contiguous mini-batches of
+    ``mini_batch_size / dp_size`` rows (``tu.make_iterator`` with ``shuffle=False``). Global mini-batch m =
+    the m-th slice of every rank. Returns M lists of row positions.
+    """
+    per_rank, per_mb = n_rollouts // dp_size, mini_batch_size // dp_size
+    return [[r * per_rank + m * per_mb + j for r in range(dp_size) for j in range(per_mb)]
+            for m in range(per_rank // per_mb)]
+
+
+def qb_order(group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: int,
+             generator: torch.Generator) -> tuple[list[int], list[list[int]]]:
+    """Query-preserved order of a rollout batch for verl (Paper C's QB).
+
+    creditlab's ``partition_bins(..., whole_groups=True)`` (the QB of ``algos/batching.py``) assigns whole
+    groups to M x R bins of equal size with balanced ``workloads`` (verl's ``calculate_workload`` of the
+    sequence lengths). The order is rank-major: rank r's contiguous chunk holds its shards of mini-batch
+    0, 1, ..., M-1, so verl's chunking and mini-batching (:func:`verl_minibatches`) realise bin (m, r) as
+    rank r's part of optimizer step m.
+    group_ids, workloads: Tensor[B]. Returns (order: permutation of range(B), per-rank index lists).
+    Raises ValueError when whole groups cannot fill the bins exactly (group size must divide B / (M R)).
+    """
+    B = group_ids.numel()
+    bins = partition_bins(group_ids, workloads, n_minibatches, dp_size, generator, whole_groups=True)
+    size = B // (n_minibatches * dp_size)
+    sizes = sorted({int(b.numel()) for row in bins for b in row})
+    if B % (n_minibatches * dp_size) or sizes != [size]:
+        raise ValueError(f"query-preserved batching cannot cut {B} rollouts into {n_minibatches} mini-batches x "
+                         f"{dp_size} ranks of whole groups (bin sizes {sizes}, needed {size}): the prompts per "
+                         "mini-batch (actor.ppo_mini_batch_size) must be a multiple of the data-parallel size")
+    per_rank = [[int(i) for m in range(n_minibatches) for i in bins[m][r]] for r in range(dp_size)]
+    return [i for part in per_rank for i in part], per_rank
+
+
+def flip_metrics(delta: Tensor, mask: Tensor, adv: Tensor, eps: float) -> dict[str, float]:
+    """Token flipping of one update as metrics ``creditlab/flip/{positive,negative,all}/{boosted,...}``:
+    creditlab's ``flip_fractions`` (percent of the valid tokens with Δ log p > eps, < -eps, else).
+    delta, mask: Tensor[B, T]; adv: Tensor[B] (its sign splits the rollouts)."""
+    out = {}
+    for side, fr in flip_fractions(delta, mask, adv, eps).items():
+        out.update({f"creditlab/flip/{side}/{k}": float(v) for k, v in fr.items() if k != "n"})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# reward-balanced batching (RB) as a verl replay buffer
+
+
+class RewardBalancedSampler(ReplayBuffer):
+    """RB [paper C] over TransferQueue: whole prompt groups wait until ``n`` groups with >= rho positive and
+    >= rho negative rollouts can be selected (creditlab's ``RewardBalancedBuffer`` decides; this class only
+    moves groups between it and TransferQueue).
+
+    Selected by ``trainer.v1.sampler.custom_sampler.{path=pkg://creditlab.engines.verl.trainer,
+    name=RewardBalancedSampler}``; ``trainer.v1.sampler.sampler_kwargs``: rho, max_age, sign
+    (advantage | reward), reward_threshold, and optionally max_rounds, on_exhausted, advantage.
+
+    ``sample(global_steps, "train", n)`` [ours, the verl reading of the local engine's RB]:
+      1. wait until no prompt of the partition is pending/running (sync: the step's generation is done);
+      2. admit every finished group not yet buffered: its rewards (``rm_scores`` summed per rollout) give
+         its positive / negative counts (``sign_counts`` of the registered advantage, or of the reward
+         against ``reward_threshold``), born at the current generation round;
+      3. ``buffer.select(round)``: groups older than ``max_age`` rounds are dropped (and cleared from
+         TransferQueue); a balanced batch is returned and its prompt keys cleared (verl's
+         ``_materialize_batch``); the others stay in TransferQueue for later steps;
+      4. no balanced batch: one more generation round of n prompts (``refill_fn``, the trainer's
+         ``_add_prompts_to_generate``: same policy, as the local engine's deferred step) and back to 1; after
+         ``max_rounds`` rounds, ``on_exhausted``: ``train_unbalanced`` takes the oldest n groups (the same
+         buffer with rho = 0; ``training/rb/forced`` = 1) or ``raise``.
+    A round is one generation of n prompts, so ages count what the local engine's steps count; unlike the
+    local engine (which skips the update) every verl step updates, after possibly several rounds.
+    Validation (partition "val") is verl's own sync sampling.
+    """
+
+    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
+                 max_off_policy_strategy: str, sampler_kwargs: Any, refill_fn=None, poll_interval: float = 2.0,
+                 **kwargs: Any):
+        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
+                         max_off_policy_threshold=max_off_policy_threshold,
+                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
+                         poll_interval=poll_interval, refill_fn=refill_fn)
+        kw = (OmegaConf.to_container(sampler_kwargs) if isinstance(sampler_kwargs, DictConfig)
+              else dict(sampler_kwargs or {}))
+        run_cfg = run_config()
+        opts = verl_options(run_cfg)["rb"]
+        self.rho = float(kw.get("rho", 0.25))
+        self.max_age = int(kw.get("max_age", 2))
+        self.sign = str(kw.get("sign", "advantage"))
+        if self.sign not in ("advantage", "reward"):
+            raise ValueError(f"RB sign must be 'advantage' or 'reward', got {self.sign!r}")
+        self.reward_threshold = float(kw.get("reward_threshold", 0.5))
+        self.max_rounds = int(kw.get("max_rounds", opts["max_rounds"]))
+        self.on_exhausted = str(kw.get("on_exhausted", opts["on_exhausted"]))
+        self.advantage = kw.get("advantage") or ((run_cfg or {}).get("method") or {}).get("advantage", "grpo")
+        self.buffer: RewardBalancedBuffer | None = None
+        self.round = 0
+        self._born: dict[str, int] = {}  # restored births (checkpoint) of groups re-admitted from TransferQueue
+
+    # -- state (the buffered groups themselves live in TransferQueue)
+    def state_dict(self) -> dict[str, Any]:
+        entries_ = self.buffer.entries if self.buffer else []
+        return {"round": self.round, "dropped_total": self.buffer.dropped_total if self.buffer else 0,
+                "born": {e.payload: e.born for e in entries_}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round, self._born = int(state["round"]), dict(state.get("born") or {})
+        self._dropped_restored = int(state.get("dropped_total", 0))
+
+    # -- sampling
+    def _wait_until_generated(self, partition_id: str) -> None:
+        last = 0.0
+        while True:
+            self._sync_metadata_from_transfer_queue()
+            if not (self.pending_keys[partition_id] or self.running_keys[partition_id]):
+                return
+            last = self._wait_for_next_poll(partition_id, last)
+
+    def _admit(self, partition_id: str) -> None:
+        """Buffer the finished groups of TransferQueue not yet buffered; forget those no longer there."""
+        terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]
+        self.buffer.entries = [e for e in self.buffer.entries if e.payload in terminal]
+        known = {e.payload for e in self.buffer.entries}
+        # in submission order (TransferQueue lists prompt keys as registered): the buffer breaks age ties by
+        # insertion order, as the local engine's batch order
+        trajs: dict[str, list[str]] = {u: [] for u in self.prompt_global_steps[partition_id]
+                                       if u in terminal and u not in known}
+        for key in self.partitions[partition_id]:
+            if uid_of(key) in trajs:
+                trajs[uid_of(key)].append(key)
+        empty = {u for u, ks in trajs.items() if not ks}  # failed groups without a trajectory
+        self._clear_groups(partition_id, empty)
+        uids = [u for u in trajs if u not in empty]
+        if not uids:
+            return
+        keys = [k for u in uids for k in trajs[u]]
+        rm = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])["rm_scores"]
+        scores = _padded(rm).sum(-1)
+        gids = torch.tensor([i for i, u in enumerate(uids) for _ in trajs[u]], dtype=torch.long)
+        if self.sign == "advantage":
+            values, thr = sequence_advantages(self.advantage, scores.float(), gids), 0.0
+        else:
+            values, thr = scores.float(), self.reward_threshold
+        for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
+            uid = uids[g]
+            self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, self.round))
+
+    def _select(self, partition_id: str) -> tuple[list[str] | None, dict[str, float]]:
+        """One ``buffer.select`` at the current round; clears the groups it drops from TransferQueue."""
+        live = {e.payload for e in self.buffer.entries}
+        chosen, stats = self.buffer.select(self.round)
+        gone = live - {e.payload for e in self.buffer.entries} - set(chosen or [])
+        self._clear_groups(partition_id, gone)
+        return chosen, stats
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        """A batch of ``batch_size`` whole groups (see the class docstring) and ``training/rb/*`` metrics."""
+        if partition_id != "train":
+            return super().sample(global_steps, partition_id, batch_size)
+        if self.buffer is None:
+            self.buffer = RewardBalancedBuffer(batch_size, self.rho, self.max_age)
+            self.buffer.dropped_total = getattr(self, "_dropped_restored", 0)
+        if self.buffer.n_groups != batch_size:
+            raise ValueError(f"RB sampler built for {self.buffer.n_groups} groups per update, asked for {batch_size}")
+        dropped, forced, rounds = 0.0, 0.0, 0
+        while True:
+            self._wait_until_generated(partition_id)
+            self._admit(partition_id)
+            chosen, stats = self._select(partition_id)
+            dropped += stats["rb_dropped"]
+            self.round += 1
+            rounds += 1
+            if chosen is None and rounds >= self.max_rounds:
+                if self.on_exhausted == "raise":
+                    raise RuntimeError(f"RB: no balanced batch (rho={self.rho}) after {rounds} generation rounds")
+                rho, self.buffer.rho = self.buffer.rho, 0.0  # the oldest groups, through the same selection
+                try:
+                    self.round -= 1  # same round: nothing more ages out
+                    chosen, stats = self._select(partition_id)
+                    self.round += 1
+                finally:
+                    self.buffer.rho = rho
+                forced = 1.0
+            if chosen is not None:
+                break
+            self.refill_fn(batch_size)
+        stats = {**stats, "rb_dropped": dropped, "rb_rounds": float(rounds), "rb_forced": forced}
+        batch = self._materialize_batch(partition_id, chosen, dict(self.partitions[partition_id]))
+        return batch, {f"training/rb/{k[3:]}": v for k, v in stats.items()}
+
+
+# ------------------------------------------------------------------------------------------------------
+# the trainer
+
+
+@register_trainer(TRAINER_MODE)
+class CreditlabTrainer(PPOTrainerSync):
+    """verl's V1 sync trainer with creditlab's batching, credit folding and diagnostics (module docstring).
+
+    The run config comes from ``creditlab.config_path`` in verl's config (the launcher's
+    ``+creditlab.config_path=<yaml>``). Behaves as verl's ``sync`` mode everywhere (``trainer_mode`` is
+    reset to ``sync`` before verl's initialisation reads it).
+    """
+
+    def __init__(self, config: DictConfig):
+        path = OmegaConf.select(config, "creditlab.config_path")
+        if not path:
+            raise ValueError("creditlab trainer: +creditlab.config_path=<resolved run config YAML> is required")
+        os.environ[ENV_RUN_CONFIG] = os.path.abspath(path)
+        self.run_cfg = run_config(os.path.abspath(path))
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"  # verl's sync semantics (replay buffer, refill, checkpoints)
+        super().__init__(config)
+        self._setup_creditlab()
+
+    def _setup_creditlab(self) -> None:
+        """Read the run config: which credit runs where, QB, LoRA's fused reference pass, options."""
+        m, t = self.run_cfg["method"], self.run_cfg["trainer"]
+        self.seed = int(self.run_cfg.get("seed", 0))
+        self.advantage_name = m["advantage"]
+        self.options = verl_options(self.run_cfg)
+        credit, filters = m.get("credit") or [], m.get("token_filter") or []
+        on_worker = {c["name"]: runs_on_worker(fn) for kind, items in (("credit", credit), ("token_filter", filters))
+                     for c, (fn, _) in zip(items, entries(kind, items))}
+        self.worker_credit = [c for c in credit if on_worker[c["name"]]]
+        self.worker_filters = [c for c in filters if on_worker[c["name"]]]
+        self.driver_credit = entries("credit", [c for c in credit if not on_worker[c["name"]]])
+        self.driver_filters = entries("token_filter", [c for c in filters if not on_worker[c["name"]]])
+        fns = entries("credit", credit) + entries("token_filter", filters)
+        needs_ref = any(set(credit_inputs_of(fn)) & REF_INPUTS for fn, _ in fns)
+        lcfg = t.get("lora") or {}
+        self.fused_ref = bool(lcfg.get("enable")) and (needs_ref or lcfg.get("reference_pass") == "always")
+        if needs_ref and not lcfg.get("enable"):
+            raise ValueError(f"method {m.get('name')!r} needs the reference pass (adapter disabled): "
+                             "set trainer.lora.enable=true")
+        self.worker_pass = bool(self.worker_credit or self.worker_filters or self.fused_ref)
+        self.has_credit = bool(credit or filters or self.fused_ref)
+        self.has_filters = bool(filters)
+        self.qb = t.get("batching", "random") == "query_preserved"
+        if self.qb and self.config.actor_rollout_ref.actor.shuffle:
+            raise ValueError("query-preserved batching needs actor_rollout_ref.actor.shuffle=false (plugin_overrides)")
+
+    # -- workers
+    def _init_resource_pool_mgr(self):
+        """verl's resource pools, with :class:`CreditlabActorRolloutRefWorker` as the actor/rollout/ref worker."""
+        super()._init_resource_pool_mgr()
+        for role in (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy):
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(CreditlabActorRolloutRefWorker)
+
+    # -- batching
+    def _actor_dp_size(self) -> int:
+        wg = self.actor_rollout_wg
+        if "actor" not in wg._dispatch_info:
+            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
+        return max(wg._dispatch_info["actor"]) + 1
+
+    def _mini_batch_rollouts(self) -> int:
+        return self.config.actor_rollout_ref.actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+
+    def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen",
+                       keep_minibatch: bool = False) -> KVBatchMeta:
+        """QB order (:func:`qb_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``."""
+        dp = self._actor_dp_size()
+        if self.qb:
+            n, mini = len(batch), self._mini_batch_rollouts()
+            required = self._get_required_batch_multiple(dp)
+            if n % required or n % mini:
+                raise ValueError(f"query-preserved batching needs the rollout batch ({n}) to be a multiple of "
+                                 f"{required} (verl would pad it with synthetic rollouts, which are no group)")
+            gids = group_index([uid_of(k) for k in batch.keys])
+            seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
+            gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
+            order, partitions = qb_order(gids, calculate_workload(seqlen), n // mini, dp, gen)
+            batch.reorder(order)
+            metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=partitions,
+                                                prefix=logging_prefix))
+        else:
+            batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+        gids = group_index([uid_of(k) for k in batch.keys])
+        mbs = [torch.tensor(rows) for rows in verl_minibatches(len(batch), dp, self._mini_batch_rollouts())]
+        metrics["creditlab/groups_split_frac"] = groups_split_frac(mbs, gids)
+        return batch
+
+    # -- old-log-prob pass (with worker-side credit) and the fused reference pass
+    def _sequence_advantages(self, batch: KVBatchMeta) -> Tensor:
+        """A_i of every rollout from TransferQueue (``rm_scores`` summed, prompt uids): the same registered
+        advantage as our verl estimator ``creditlab_<advantage>``. Tensor[B] float32."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
+        scores = _padded(data["rm_scores"]).sum(-1).float()
+        return sequence_advantages(self.advantage_name, scores, group_index(list(data["uid"]))).float()
+
+    def _credit_spec(self) -> dict[str, Any]:
+        return {"credit": self.worker_credit, "token_filter": self.worker_filters, "seed": self.seed,
+                "step": int(self.global_steps), "dp_stats": self.options["credit_dp_stats"],
+                "fused_ref": self.fused_ref}
+
+    def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if not self.worker_pass:
+            return super()._compute_old_log_prob(batch, metrics)
+        adv = self._sequence_advantages(batch)
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                        fields=TensorDict({SEQ_ADV: adv}, batch_size=len(batch)))
+        batch.extra_info[CREDIT_KEY] = self._credit_spec()
+        try:
+            batch = super()._compute_old_log_prob(batch, metrics)
+        finally:
+            batch.extra_info.pop(CREDIT_KEY, None)
+        if self.fused_ref:  # the adapter-disabled pass ran in the same worker call: store it as verl's ref
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=[OUT_REF, "response_mask"])
+            ref = response_from_nested(data[OUT_REF], data["response_mask"])
+            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                            fields=TensorDict({"ref_log_prob": ref}, batch_size=len(batch)))
+        return batch
+
+    def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        return batch if self.fused_ref else super()._compute_ref_log_prob(batch, metrics)
+
+    # -- advantages with credit folded in
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        batch = super()._compute_advantage(batch, metrics)
+        if not self.has_credit:
+            return batch
+        fields = ["uid", "responses", "response_mask", "old_log_probs", "entropy", "advantages"]
+        if self.fused_ref or self.use_reference_policy:
+            fields.append("ref_log_prob")
+        if self.worker_credit:
+            fields.append(OUT_WEIGHTS)
+        if self.worker_filters:
+            fields.append(OUT_FILTER)
+        if self.fused_ref:
+            fields.append(OUT_RESIDUAL)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        mask_nt = data["response_mask"]
+        mask = _padded(mask_nt).float()
+        adv_tok = _padded(data["advantages"]).float()
+        first = mask.argmax(-1)  # A_i sits on every valid token; rows without one read 0
+        seq_adv = torch.where(mask.any(-1), adv_tok[torch.arange(len(first)), first],
+                              torch.zeros_like(first, dtype=adv_tok.dtype))
+        get = (lambda k: _padded(data[k]).float() if k in data.keys() else None)
+        inputs = CreditInputs(responses=_padded(data["responses"]), mask=mask, old_logp=get("old_log_probs"),
+                              advantages=seq_adv, group_ids=group_index(list(data["uid"])), entropy=get("entropy"),
+                              ref_logp=get("ref_log_prob"),
+                              rng=torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 20_000)))
+        adv_new, loss_mask, w = fold_credit(inputs, self.driver_credit, self.driver_filters,
+                                            get(OUT_WEIGHTS), get(OUT_FILTER))
+        out = {"advantages": response_to_nested(adv_new, mask_nt), SEQ_ADV: seq_adv}
+        if self.has_filters:
+            out[LOSS_MASK] = response_to_nested(loss_mask, mask_nt)
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(out, batch_size=len(batch)))
+        residual = get(OUT_RESIDUAL)
+        diag = weight_diagnostics(w, mask, residual)
+        valid = mask.bool()
+        diag |= {"credit_weight_mean": w[valid].mean().item(),
+                 "loss_token_frac": (loss_mask.sum() / mask.sum().clamp(min=1)).item()}
+        if inputs.ref_logp is not None:
+            diag["ref_kl"] = ((inputs.old_logp - inputs.ref_logp) * mask).sum().item() / max(1.0, mask.sum().item())
+        metrics.update({f"creditlab/{k}": v for k, v in diag.items()})
+        return batch
+
+    # -- the update: token-filter loss mask, then the optional flipping pass
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self.has_filters:
+            keys, pid = batch.keys, batch.partition_id
+            orig = tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=["response_mask", "loss_mask"])
+            lm = tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=[LOSS_MASK])[LOSS_MASK]
+            swapped = {k: lm.to(orig[k].dtype) for k in ("response_mask", "loss_mask")}
+            tq.kv_batch_put(keys=keys, partition_id=pid, fields=TensorDict(swapped, batch_size=len(batch)))
+            try:
+                batch = super()._update_actor(batch, metrics)
+            finally:
+                tq.kv_batch_put(keys=keys, partition_id=pid, fields=orig.select("response_mask", "loss_mask"))
+        else:
+            batch = super()._update_actor(batch, metrics)
+        flip = self.options["flipping"]
+        if flip["enable"] and self.global_steps % int(flip["every"]) == 0:
+            metrics.update(self._flipping_pass(batch, float(flip["eps"])))
+        return batch
+
+    def _flipping_pass(self, batch: KVBatchMeta, eps: float) -> dict[str, float]:
+        """Post-update log-prob pass (Paper C, Algorithm 1) [ours: after all of the step's mini-batches]:
+        Δ = log p after the update - old_log_probs (the same training model before it), on every token."""
+        meta = KVBatchMeta(keys=list(batch.keys), tags=list(batch.tags), partition_id=batch.partition_id,
+                           extra_info={"calculate_entropy": False, "compute_loss": False,
+                                       "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        self.actor_rollout_wg.compute_log_prob(meta)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["log_probs", "old_log_probs", "response_mask", "advantages"])
+        mask = _padded(data["response_mask"]).float()
+        after = _padded(response_from_nested(data["log_probs"], data["response_mask"])).float()
+        delta = after - _padded(data["old_log_probs"]).float()
+        adv = (_padded(data["advantages"]).float() * mask).sum(-1)  # the sign of A_i (credit weights are > 0)
+        return flip_metrics(delta, mask, adv, eps)
+
+    # -- checkpoints: verl saves TransferQueue only in async modes; RB's waiting groups live there
+    def _step_folder(self) -> str:
+        if self.config.trainer.resume_mode == "resume_path" and self.config.trainer.resume_from_path:
+            return self.config.trainer.resume_from_path
+        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+
+    def _save_checkpoint(self):
+        if isinstance(self.replay_buffer, RewardBalancedSampler):  # before verl marks the step as the latest
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            tq.save_checkpoint(os.path.join(folder, "transfer_queue"), metadata={"global_steps": self.global_steps})
+            with open(os.path.join(folder, "creditlab_rb.json"), "w") as f:
+                json.dump(self.replay_buffer.state_dict(), f)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if isinstance(self.replay_buffer, RewardBalancedSampler) and self.global_steps > 0:
+            folder = self._step_folder()
+            if os.path.exists(os.path.join(folder, "creditlab_rb.json")):
+                tq.load_checkpoint(os.path.join(folder, "transfer_queue"))
+                with open(os.path.join(folder, "creditlab_rb.json")) as f:
+                    self.replay_buffer.load_state_dict(json.load(f))

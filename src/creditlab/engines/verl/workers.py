@@ -1,0 +1,257 @@
+"""verl worker side of the plug-in: final hidden states and adapter-on/off passes in the old-log-prob pass.
+
+DelTA (Paper B) needs h_t, the LM-head input of the old-log-prob forward, for every valid token; ARCA
+(Paper D) needs h_t^adapted - h_t^base, the same forward with the LoRA adapter on and off. Hidden states
+are [B, T, d] per rank and never leave the GPU workers: the credit functions that name them
+(``hidden``, ``base_hidden``) run here, inside verl's old-log-prob pass, and only their per-token weights
+(Tensor[B, T]) go back to the driver through TransferQueue.
+
+Against verl 0.9.1's worker API (``verl.workers.engine_workers``):
+
+* :class:`CreditlabActorRolloutRefWorker` subclasses ``ActorRolloutRefWorker`` and overrides its
+  ``compute_log_prob`` (same dispatch: ``make_nd_compute_dataproto_dispatch_fn("actor")``). Without our key
+  in the batch it is verl's method unchanged. With ``creditlab_credit`` (a spec the trainer puts in the
+  batch's ``extra_info``) it runs ``TrainingWorker.infer_batch`` under :func:`capture_final_hidden`, then,
+  for LoRA runs, once more with ``no_lora_adapter`` (verl's own adapter-disabled reference pass, which
+  therefore happens here instead of in a separate ``compute_log_prob`` call), and computes the credit
+  functions of the spec with statistics all-reduced over the data-parallel group
+  (``engine.get_data_parallel_group()``) (:func:`worker_credit`).
+* :func:`capture_final_hidden` hooks the LM head's forward input (the final hidden states) and wraps the
+  engine's ``prepare_model_outputs`` (``FSDPEngineWithLMHead``) so that each micro-batch's model output
+  gains ``hidden``, a nested Tensor[B, S_i, d] over the full sequences laid out exactly as verl lays out
+  ``log_probs`` (packed, Ulysses-gathered and unpadded with the engine's ``_gather_and_unpad_packed``):
+  verl's own micro-batch reassembly (``postprocess_batch_func``) then orders it, and verl's
+  ``response_from_nested`` cuts the response positions of log-probs and hidden states alike.
+
+Cost [ours]: verl's ``TrainingWorker.infer_batch`` returns its outputs on the CPU, so a rank's hidden states
+(B_local x S x d, the model's dtype) make one round trip to host memory before the credit functions run on
+the GPU; DelTA then holds its proxies v (N_local x d, float32) for its centroid passes. No extra forward:
+the capture rides verl's own old-log-prob forward (and, with LoRA, its reference forward). Not supported:
+Ulysses sequence parallelism (sp > 1) and fused LM-head kernels (``use_fused_kernels``: no LM-head call).
+
+What can run on CPU is tested (tests/test_verl_plugin.py): the capture through verl's real
+``FSDPEngineWithLMHead.forward_step`` on a tiny Qwen3 model (with a real peft LoRA adapter on and off),
+:func:`credit_pass` on it, and :func:`worker_credit` on two data-parallel shards with a summing all-reduce.
+The worker class itself needs verl's GPU worker group.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch import Tensor
+
+from creditlab.algos.credit.arca import adapter_residual_norm
+from creditlab.algos.credit.base import CreditInputs
+from creditlab.engines.verl.plugin import compose, entries, group_index, step_seed
+
+CREDIT_KEY = "creditlab_credit"
+"""``extra_info`` key of the worker-side credit spec (:func:`worker_credit`)."""
+SEQ_ADV = "creditlab_seq_adv"
+"""TransferQueue field: the sequence advantage A_i (Tensor[B]), written by the trainer before the pass."""
+OUT_WEIGHTS = "creditlab_credit_weights"
+OUT_FILTER = "creditlab_token_filter"
+OUT_REF = "creditlab_ref_log_probs"
+OUT_RESIDUAL = "creditlab_arca_residual"
+"""Fields the pass adds (nested over response tokens, except OUT_REF: full sequences like ``log_probs``)."""
+
+
+# ------------------------------------------------------------------------------------------------------
+# hidden-state capture
+
+
+def find_lm_head(module: torch.nn.Module) -> torch.nn.Module:
+    """The LM head of a (possibly FSDP- or peft-wrapped) causal LM: ``get_output_embeddings()`` of the module or
+    of what it wraps, else the sub-module named ``lm_head``."""
+    for m in (module, getattr(module, "module", None), getattr(module, "_fsdp_wrapped_module", None)):
+        get = getattr(m, "get_output_embeddings", None)
+        head = get() if callable(get) else None
+        if isinstance(head, torch.nn.Module):
+            return head
+    for name, sub in module.named_modules():
+        if name.rsplit(".", 1)[-1] == "lm_head":
+            return sub
+    raise ValueError(f"no LM head found in {type(module).__name__}")
+
+
+def packed_hidden_to_nested(engine: Any, hidden: Tensor, output_args: dict, micro_batch: TensorDict) -> Tensor:
+    """One micro-batch's LM-head input -> nested Tensor[B, S_i, d] over each full sequence (prompt + response).
+
+    Mirrors how ``FSDPEngineWithLMHead.prepare_model_outputs`` lays out ``log_probs``:
+      remove-padding: hidden (1, nnz_local + pad, d) -> squeeze -> ``engine._gather_and_unpad_packed``
+                      (Ulysses all-gather, packed padding dropped) -> jagged by ``input_ids.offsets()``;
+      padded:         hidden (B, max_seq_len, d) -> each row's first S_i positions -> jagged.
+    Position s holds the state that predicts token s + 1 (as ``log_probs``), so verl's ``response_from_nested``
+    cuts the response part of both identically.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    cu = micro_batch["input_ids"].offsets()
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        flat = engine._gather_and_unpad_packed(hidden.squeeze(0), output_args.get("pad_size", 0))
+    else:
+        lens = cu.diff().tolist()
+        flat = torch.cat([hidden[i, :n] for i, n in enumerate(lens)])
+    return torch.nested.nested_tensor_from_jagged(flat.contiguous(), cu.to(flat.device))
+
+
+@contextmanager
+def capture_final_hidden(engine: Any):
+    """While active, every forward of ``engine`` (verl ``FSDPEngineWithLMHead``) adds ``hidden`` to its model
+    output (:func:`packed_hidden_to_nested`). A forward hook on the LM head stashes its input; the engine's
+    ``prepare_model_outputs`` is wrapped on the instance and restored on exit.
+
+    Raises RuntimeError when a forward ran without the LM head (fused kernels compute log-probs without
+    calling it: ``actor_rollout_ref.model.use_fused_kernels`` must be false for hidden-state credit).
+    """
+    head = find_lm_head(engine.module)
+    stash: list[Tensor] = []
+    hook = head.register_forward_hook(lambda mod, args, out: stash.append(args[0].detach()))
+    inner = engine.prepare_model_outputs
+
+    def prepare_model_outputs(output, output_args, micro_batch, logits_processor_func):
+        model_output = inner(output, output_args, micro_batch, logits_processor_func)
+        if len(stash) != 1:
+            raise RuntimeError(f"the LM head ran {len(stash)} times in one forward; hidden-state capture needs "
+                               "exactly one call (use_fused_kernels must be false)")
+        model_output["hidden"] = packed_hidden_to_nested(engine, stash.pop(), output_args, micro_batch)
+        return model_output
+
+    engine.prepare_model_outputs = prepare_model_outputs
+    try:
+        yield
+    finally:
+        hook.remove()
+        del engine.prepare_model_outputs  # the class method again
+
+
+# ------------------------------------------------------------------------------------------------------
+# credit on the workers
+
+
+def dp_all_reduce(group: Any) -> Callable[[Tensor], Tensor]:
+    """Sum over the data-parallel ``group`` (a torch.distributed process group): the ``all_reduce`` hook
+    of DelTA's statistics. Returns a new tensor; the input is left as it is."""
+
+    def reduce(x: Tensor) -> Tensor:
+        y = x.detach().clone()
+        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+        return y
+
+    return reduce
+
+
+@torch.no_grad()
+def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tensor, advantages: Tensor,
+                  uids: list[str], entropy: Tensor | None, hidden: Tensor | None, ref_logp: Tensor | None = None,
+                  base_hidden: Tensor | None = None, reduce: Callable[[Tensor], Tensor] | None = None,
+                  rank: int = 0) -> dict[str, Tensor | None]:
+    """The credit functions / token filters of ``spec`` on one data-parallel rank's rollouts.
+
+    spec: {"credit": [{name, **kwargs}], "token_filter": [...], "seed": int, "step": int,
+           "dp_stats": "global" | "rank"} (those entries of the method config that need worker inputs).
+    responses, mask, old_logp: Tensor[B, T] (padded response positions); advantages: Tensor[B] (A_i);
+    uids: the B prompt uids (groups, local to this rank); entropy, ref_logp: Tensor[B, T] or None;
+    hidden, base_hidden: Tensor[B, T, d] or None; reduce: the sum over ranks (``dp_all_reduce``), passed
+    to functions that take ``all_reduce`` when ``dp_stats`` is "global"; rank seeds ``rng`` per rank.
+    Returns {"weights": Tensor[B, T], "filter": Tensor[B, T] or None, "residual": ||h - h_base|| or None}.
+    """
+    inputs = CreditInputs(
+        responses=responses, mask=mask, old_logp=old_logp, advantages=advantages,
+        group_ids=group_index(uids).to(mask.device), hidden=hidden, entropy=entropy, ref_logp=ref_logp,
+        base_hidden=base_hidden,
+        rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)))
+    extra = {"all_reduce": reduce} if reduce is not None and spec.get("dp_stats", "global") == "global" else {}
+    weights = compose(entries("credit", spec.get("credit")), inputs, extra)
+    filters = spec.get("token_filter") or []
+    filt = compose(entries("token_filter", filters), inputs, extra) if filters else None
+    residual = None
+    if hidden is not None and base_hidden is not None:
+        residual = adapter_residual_norm(hidden, base_hidden) * mask
+    return {"weights": weights, "filter": filt, "residual": residual}
+
+
+def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
+    """Nested (jagged) Tensor[B, j(, d)] -> padded Tensor[B, max j(, d)]."""
+    return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
+
+
+def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
+    """``compute_log_prob`` with credit: verl's ``TrainingWorker.infer_batch`` under hidden capture (and again
+    with the adapter disabled when ``spec["fused_ref"]``), then :func:`worker_credit`.
+
+    worker: the ``ActorRolloutRefWorker`` (``worker.actor`` is its ``TrainingWorker``); data: this rank's
+    TensorDict from TransferQueue (nested ``responses``, ``response_mask``, the trainer's ``creditlab_seq_adv``,
+    ``uid``). Returns verl's output (``log_probs``, ``entropy``, metrics) plus the creditlab fields.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+    engine = worker.actor.engine
+    if getattr(engine, "use_ulysses_sp", False):
+        raise NotImplementedError("hidden-state credit with Ulysses sequence parallelism (sp > 1) is not supported")
+    with capture_final_hidden(engine):
+        out = worker.actor.infer_batch(data)
+        ref = None
+        if spec.get("fused_ref"):
+            tu.assign_non_tensor(data, no_lora_adapter=True)  # verl's adapter-disabled reference pass
+            ref = worker.actor.infer_batch(data)
+    # the credit computation (and NCCL's all-reduce) on this rank's GPU
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    mask_nt = data["response_mask"]
+
+    def resp(nt: Tensor) -> Tensor:  # full-sequence nested -> padded response positions, on device
+        return _padded(response_from_nested(nt, mask_nt)).to(device)
+
+    mask = _padded(mask_nt).to(device).float()
+    hidden = resp(out["hidden"])
+    base_hidden = resp(ref["hidden"]) if ref is not None else None
+    entropy = resp(out["entropy"]) if "entropy" in out.keys() else None
+    adv = data[SEQ_ADV].reshape(-1).float().to(device)
+    reduce, rank = None, 0
+    if dist.is_initialized():  # verl's workers: always; the sums go over the data-parallel group
+        group = engine.get_data_parallel_group()
+        reduce, rank = dp_all_reduce(group), dist.get_rank(group)
+    res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
+                        old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]), entropy=entropy,
+                        hidden=hidden,
+                        ref_logp=resp(ref["log_probs"]) if ref is not None else None, base_hidden=base_hidden,
+                        reduce=reduce, rank=rank)
+    del out["hidden"]
+    out[OUT_WEIGHTS] = response_to_nested(res["weights"].cpu(), mask_nt)
+    if res["filter"] is not None:
+        out[OUT_FILTER] = response_to_nested(res["filter"].cpu(), mask_nt)
+    if res["residual"] is not None:
+        out[OUT_RESIDUAL] = response_to_nested(res["residual"].float().cpu(), mask_nt)
+    if ref is not None:
+        out[OUT_REF] = ref["log_probs"]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# the worker class (verl's GPU worker group)
+
+from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register  # noqa: E402
+from verl.utils import tensordict_utils as _tu  # noqa: E402
+from verl.utils.profiler import DistProfiler  # noqa: E402
+from verl.workers.engine_workers import ActorRolloutRefWorker, _with_routing_replay_flag  # noqa: E402
+
+
+class CreditlabActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's hybrid actor/rollout/ref worker whose old-log-prob pass can also compute creditlab's
+    worker-side credit (``creditlab_credit`` in the batch's extra_info; see :func:`credit_pass`)."""
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
+    @_with_routing_replay_flag(enabled=True)
+    def compute_log_prob(self, data: TensorDict) -> TensorDict:
+        spec = _tu.pop(data, key=CREDIT_KEY, default=None)
+        if spec is None:  # verl's compute_log_prob
+            output = self.actor.infer_batch(data)
+        else:
+            output = credit_pass(self, data, spec)
+        return output.cpu() if output is not None else None
