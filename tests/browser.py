@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from creditlab.procs import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
@@ -88,11 +89,4 @@ def serve(argv: Sequence[str], url: str, health: str, log: Path, timeout_s: floa
             time.sleep(0.5)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
+        stop_group(proc, timeout_s=15)

@@ -60,7 +60,6 @@ def test_mlflow_ui_shows_table_runs_nested_and_compares_their_rows(micro_results
     children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert parent.info.run_name == TABLE and parent.info.status == "FINISHED"
     assert children, "no run nested under the table"
-    child = children[0]
 
     with page() as tab:
         # the experiment's runs: the table's parent run, unfolded to show its rows

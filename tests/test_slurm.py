@@ -200,3 +200,45 @@ def test_micro_dag_through_sbatch(slurm_cluster, tmp_path):
     # the plugin's per-job SLURM logs (kept: slurm-keep-successful-logs), one per job, named by job id
     logs = {p.stem for p in (work / ".snakemake/slurm_logs").rglob("*.log")}
     assert logs == set(submitted.values()), logs
+
+
+def test_ray_cluster_on_a_slurm_allocation(slurm_cluster, tmp_path):
+    """A verl job's Ray bootstrap (creditlab.engines.verl.ray_slurm) inside a real SLURM job: the node list
+    comes from scontrol, a token-authenticated Ray head starts on the batch node, the driver joins it through
+    RAY_ADDRESS (not a Ray of its own), and the head is gone when the job ends. One node here: the worker
+    `srun` step for the other nodes of a multi-node allocation is composed, not run (unit test below)."""
+    import json
+    import socket as _socket
+
+    out = tmp_path / "ray.out"
+    driver = ("import json, os, ray; ray.init(logging_level='ERROR'); "
+              "print('RESULT', json.dumps({'address': os.environ.get('RAY_ADDRESS'), 'nodes': len(ray.nodes()), "
+              "'auth': os.environ.get('RAY_AUTH_MODE')}))")
+    port = _socket.socket()
+    port.bind(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    script = tmp_path / "ray_job.sh"
+    script.write_text("#!/bin/bash\n" + " ".join([
+        sys.executable, "-m", "creditlab.engines.verl.ray_slurm", "--force-cluster", "--port", str(free),
+        "--timeout", "240", "--", sys.executable, "-c", repr(driver)]) + "\n")
+    script.chmod(0o755)
+    env = {**slurm_cluster.env, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(["timeout", "-k", "10", "400", "sbatch", "--wait", f"--partition={slurm_cluster.partition}",
+                           "--nodes=1", "--cpus-per-task=1", "--mem=3000", f"--output={out}", str(script)],
+                          env=env, capture_output=True, text=True, timeout=420)
+    log = out.read_text() if out.exists() else ""
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log[-3000:]
+    result = json.loads(log.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["nodes"] == 1 and result["auth"] == "token"
+    assert result["address"] and result["address"].endswith(f":{free}"), result
+    assert f"ray_slurm: head {result['address'].rsplit(':', 1)[0]} ({slurm_cluster.node}), 1 node(s)" in log, log[-2000:]
+
+
+def test_ray_worker_step_spans_the_other_nodes():
+    from creditlab.engines.verl.ray_slurm import worker_step_command
+
+    assert worker_step_command(["n1"], "10.0.0.1:6379", 8) == []
+    cmd = worker_step_command(["n1", "n2", "n3"], "10.0.0.1:6379", 8)
+    assert cmd[:6] == ["srun", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n2,n3"]
+    assert cmd[-4:] == ["--address=10.0.0.1:6379", "--block", "--disable-usage-stats", "--num-gpus=8"]
