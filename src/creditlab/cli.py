@@ -92,11 +92,27 @@ def _tags(run, cfg: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _eval_k(plan, paper: str) -> int:
+    """The evaluation's k (samples per question) of a paper's runs at the plan's scale: the eval.k of its first planned
+    run (every run of a paper shares its evaluation settings; at tiny/micro scale, the scale's k)."""
+    run = next((r for r in plan.runs.values() if paper in r.papers), None)
+    if run is None:
+        return compose(plan.scale, plan.backbones[0])["eval"]["k"]
+    return int(run_config(run)["eval"]["k"])
+
+
 # ----------------------------------------------------------------------------------------- verbs
 def cmd_prepare(a: argparse.Namespace) -> None:
-    """Generate the tiny world: train/val splits, held-out suites (overlap 0), tokenizer."""
+    """Generate the tiny world: train/val splits, held-out suites (overlap 0), tokenizer. At paper scale: the hub
+    training sets and evaluation suites (not in this checkout yet: see README "Paper scale")."""
     from creditlab.data.prepare import prepare_tiny
 
+    if a.scale == "paper":
+        raise SystemExit(
+            "prepare at scale 'paper' (hub datasets -> results/paper/data/verl/<dataset>/{train,val}.parquet and "
+            "results/paper/data/suites/<suite>.parquet, configs/data/*.yaml + configs/suites/paper.yaml) needs the hub "
+            "loaders of DeepMath-103K, DAPO-Math-17k, MATH and the math suites, which this checkout does not have yet "
+            "(creditlab.data.hub_loaders has GPQA, MMLU-Pro, LiveCodeBench); see README 'Paper scale'")
     cfg = compose(a.scale, a.backbone)
     out = paths.fmt(paths.DATA_DIR, results=a.results, scale=a.scale)
     report = prepare_tiny(cfg["data"], out)
@@ -120,7 +136,10 @@ def cmd_init_tracking(a: argparse.Namespace) -> None:
 
 
 def cmd_warmup(a: argparse.Namespace) -> None:
-    """SFT warm-up of one tiny backbone (the shared base model of every method)."""
+    """SFT warm-up of one tiny backbone (the shared base model of every method); at paper scale: fetch the hub model."""
+    if a.scale == "paper":
+        _fetch_hub_model(a)
+        return
     from creditlab.data.io import read_records
     from creditlab.engines.local.sft import save_model, warmup
     from creditlab.models.tiny import build_model, n_params
@@ -153,6 +172,36 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     print(json.dumps(done, indent=1))
 
 
+def _fetch_hub_model(a: argparse.Namespace) -> None:
+    """Paper scale: the base model of a backbone is its hub checkpoint (no SFT warm-up: every paper starts RL from the
+    released model). Download the snapshot once (huggingface_hub; the HF_HOME cache, so a pre-filled cache on an
+    offline cluster works with HF_HUB_OFFLINE=1), check its config.json against configs/model/<backbone>.yaml (model
+    type and context window), and write DONE with the hub id, the resolved commit and the local path (the verl
+    launcher trains from that path)."""
+    from huggingface_hub import snapshot_download
+
+    from creditlab.tracking.provenance import git_commit
+
+    cfg = compose(a.scale, a.backbone, seed=a.seed)
+    m = cfg["model"]
+    if m.get("kind") != "hub":
+        raise SystemExit(f"model {a.backbone!r} is not a hub model (kind={m.get('kind')!r}): nothing to fetch")
+    out = paths.fmt(paths.BASE_DIR, results=a.results, scale=a.scale, backbone=a.backbone)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    local = Path(snapshot_download(repo_id=m["hf_id"], revision=m.get("revision")))
+    hf_config = json.loads((local / "config.json").read_text())
+    found = {"family": hf_config.get("model_type"), "max_position_embeddings": hf_config.get("max_position_embeddings")}
+    wanted = {"family": m["arch"]["family"], "max_position_embeddings": m["arch"]["max_position_embeddings"]}
+    if found != wanted:
+        raise SystemExit(f"{m['hf_id']}: config.json says {found}, configs/model/{a.backbone}.yaml says {wanted} "
+                         f"(arch.family / arch.max_position_embeddings): fix the model config")
+    done = {"hf_id": m["hf_id"], "revision": m.get("revision"), "commit": local.name, "path": str(local),
+            "seconds": time.perf_counter() - t0, "creditlab_commit": git_commit()}
+    _write_json(done, out / "DONE")
+    print(json.dumps(done, indent=1))
+
+
 def _evaluate(model, tok, suites: dict[str, list[dict]], cfg: dict[str, Any], seed: int, out: Path,
               quiet: bool, generate_fn=None) -> dict[str, Any]:
     """The one evaluation path (eval settings of ``cfg``): per-sample jsonl + metrics.json under ``out``."""
@@ -181,6 +230,9 @@ def cmd_train(a: argparse.Namespace) -> None:
     if not run.trains:
         raise SystemExit(f"run {run.key!r} is the base model: nothing to train")
     cfg = run_config(run)
+    if cfg["trainer"].get("engine", "local") == "verl":
+        _train_verl(a, run, cfg)
+        return
     _setup(cfg)
     fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
     run_dir, ckpt_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.CKPT_DIR, **fill)
@@ -216,6 +268,70 @@ def cmd_train(a: argparse.Namespace) -> None:
     _write_json(done, run_dir / "DONE")
 
 
+def _train_verl(a: argparse.Namespace, run, cfg: dict[str, Any], launcher=None) -> None:
+    """Paper scale: train one run with verl (engines/verl/launch.py), resuming from its checkpoints.
+
+    Writes the resolved config.yaml, creates or resumes the run's MLflow run (Tracker.start, as at tiny scale) and
+    hands its id to verl (MLFLOW_RUN_ID), runs ``python -m creditlab.engines.verl.main <overrides>`` with its output
+    streamed to this job's log, then checks that verl checkpointed the last step, converts that checkpoint to a
+    Hugging Face model in final/ (verl's model merger) and writes DONE. A killed job leaves its checkpoints in
+    results/paper/checkpoints/... (outside the declared outputs): the re-run resumes (trainer.resume_mode=auto).
+    The verl plug-in writes metrics.jsonl (and token_credit.json) into the run directory (the directory of
+    +creditlab.config_path). `launcher` (tests) replaces creditlab.engines.verl.launch.
+    """
+    import shlex
+
+    from creditlab.engines.verl import launch as default_launcher
+    from creditlab.tracking.mlflow_tracker import Tracker, tracking_uri
+    from creditlab.tracking.provenance import git_commit
+
+    launch = launcher or default_launcher
+    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
+    run_dir, ckpt_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.CKPT_DIR, **fill)
+    base_done = paths.fmt(paths.BASE_DONE, **fill)
+    model_path = json.loads(base_done.read_text()).get("path") if base_done.is_file() else None
+    run_paths = launch.RunPaths.of(cfg, a.results, model_path=model_path)
+    launch.preflight(cfg)  # fail before creating anything on a run verl would reject on the GPUs
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_paths.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    steps = int(cfg["trainer"]["steps"])
+    resumed_at = launch.steps_done(ckpt_dir) or None
+    tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg), params=cfg,
+                            local_dir=run_dir, parent=_parent(run))
+    with tracker:  # ends the MLflow run FAILED if anything below raises (SystemExit included)
+        t0 = time.perf_counter()
+        argv, env = launch.verl_command(cfg, run_paths, mlflow_run_id=tracker.run_id,
+                                        tracking_uri=tracking_uri(Path(a.results)), num_cpus=_slurm_cpus())
+        print(f"{run.key}: {'resuming from step ' + str(resumed_at) if resumed_at else 'starting'}; "
+              f"{' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}", file=sys.stderr, flush=True)
+        rc = launch.run_streaming(argv, env)
+        if rc != 0:
+            raise SystemExit(f"{run.key}: verl exited with status {rc}; its checkpoints stay in {ckpt_dir} and a "
+                             f"re-run resumes from the last one")
+        done_steps = launch.steps_done(ckpt_dir)
+        if done_steps != steps:
+            raise SystemExit(f"{run.key}: verl checkpointed step {done_steps} of {steps}; not marking DONE")
+        rc = launch.run_streaming(launch.merge_command(ckpt_dir, done_steps, run_dir / "final"), {})
+        if rc != 0:
+            raise SystemExit(f"{run.key}: verl's model merger exited with status {rc} (step {done_steps} -> final/)")
+        if not paths.fmt(paths.RUN_METRICS, **fill).is_file():
+            raise SystemExit(f"{run.key}: no metrics.jsonl in {run_dir}: the verl plug-in writes one line per step")
+        tracker.log_artifact(run_paths.config_path)
+    done = {"run_key": run.key, "engine": "verl", "steps_done": done_steps, "steps_requested": steps,
+            "resumed_at": resumed_at, "seconds_this_attempt": time.perf_counter() - t0,
+            "model_path": run_paths.model_path, "checkpoint": str(ckpt_dir / f"global_step_{done_steps}"),
+            "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    _write_json(done, run_dir / "DONE")
+
+
+def _slurm_cpus() -> int | None:
+    """CPUs Ray may use in this job: SLURM's allocation (verl: 'use a fixed number when using SLURM'), else None."""
+    for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return None
+
+
 def cmd_evaluate(a: argparse.Namespace) -> None:
     """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl.
 
@@ -228,6 +344,10 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
 
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
+    if plan.scale == "paper":
+        raise SystemExit(
+            f"evaluate at scale 'paper' ({run.key}) is the vLLM evaluation of the hub models and verl runs (final/), "
+            f"which this checkout does not have yet; see README 'Paper scale'")
     decode = plan.decode(a.decode) if a.decode else None
     if decode is not None and not run.trains:
         raise SystemExit(f"--decode needs a trained RL run, not {run.key!r}")
@@ -281,7 +401,7 @@ def cmd_table(a: argparse.Namespace) -> None:
     plan = build_plan(_pipeline(a), validate=False)
     spec = plan.papers[a.paper]
     table = spec.table(a.table)
-    k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
+    k = _eval_k(plan, a.paper)
     fill = dict(results=a.results, scale=plan.scale, paper=a.paper, table=a.table)
     seeds = plan.paper_seeds(a.paper)
     df = build_table(spec, a.table, plan.scale, seeds, Path(a.results) / plan.scale / "evals", k,
@@ -318,7 +438,7 @@ def cmd_ledger(a: argparse.Namespace) -> None:
 
     plan = build_plan(_pipeline(a), validate=False)
     spec = plan.papers[a.paper]
-    k = compose(plan.scale, plan.backbones[0])["eval"]["k"]
+    k = _eval_k(plan, a.paper)
     tables = {name: pd.read_csv(paths.fmt(paths.TABLE_CSV, results=a.results, scale=plan.scale, paper=a.paper,
                                           table=name), keep_default_na=False, na_values=[""])
               for name in spec.tables_at(plan.scale)}
@@ -341,6 +461,9 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
 
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
+    if plan.scale == "paper":
+        raise SystemExit(f"diagnose at scale 'paper' ({run.key}: base vs RL token statistics of hub-size models) is "
+                         f"not in this checkout yet; see README 'Paper scale'")
     cfg = run_config(run)
     _setup(cfg)
     fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
@@ -366,6 +489,9 @@ def cmd_analyze(a: argparse.Namespace) -> None:
     from creditlab.analysis.runner import run_analysis
 
     plan = build_plan(_pipeline(a), validate=False)
+    if plan.scale == "paper":
+        raise SystemExit(f"analyze at scale 'paper' ({a.paper}/{a.name}) builds the local engine's trainer on the "
+                         f"run's backbone, which this checkout does not do for hub models yet (README 'Paper scale')")
     if a.paper not in plan.papers or a.name not in plan.papers[a.paper].analyses:
         choices = sorted(plan.papers[a.paper].analyses) if a.paper in plan.papers else sorted(plan.papers)
         raise SystemExit(f"unknown paper/analysis {a.paper}/{a.name}; choices: {choices}")
@@ -457,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="creditlab", description=__doc__)
     p.add_argument("--results", default="results", help="output root (default: results)")
     p.add_argument("--pipeline-config", default=str(CONFIG_DIR / "pipeline.yaml"))
-    p.add_argument("--scale", default=None, help="tiny | micro (default: the pipeline config's)")
+    p.add_argument("--scale", default=None, help="tiny | micro | paper (default: the pipeline config's)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's); a paper "
                                                   "with its own `seeds` at the scale keeps them")
     p.add_argument("--papers", default=None,

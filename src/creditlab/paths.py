@@ -12,13 +12,17 @@ from pathlib import Path
 
 DATA_DIR = "{results}/{scale}/data"
 DATA_DONE = DATA_DIR + "/prep_report.json"
+SUITE = DATA_DIR + "/suites/{suite}.parquet"  # an evaluation suite (normalised records)
+VERL_DATA_DIR = DATA_DIR + "/verl/{dataset}"  # paper scale: a training set as verl reads it (prompt chat list,
+VERL_TRAIN = VERL_DATA_DIR + "/train.parquet"  # data_source, reward_model.ground_truth, extra_info), data.train_files
+VERL_VAL = VERL_DATA_DIR + "/val.parquet"  # its held-out slice: verl's data.val_files
 BASE_DIR = "{results}/{scale}/models/{backbone}/base"
 BASE_DONE = BASE_DIR + "/DONE"
 RUN_DIR = "{results}/{scale}/runs/{backbone}/{run}/s{seed}"
 RUN_DONE = RUN_DIR + "/DONE"
 RUN_METRICS = RUN_DIR + "/metrics.jsonl"
 RUN_TOKEN_CREDIT = RUN_DIR + "/token_credit.json"  # mean credit weight per generated token string
-CKPT_DIR = "{results}/{scale}/checkpoints/{backbone}/{run}/s{seed}"
+CKPT_DIR = "{results}/{scale}/checkpoints/{backbone}/{run}/s{seed}"  # paper scale: verl's default_local_dir
 EVAL_DIR = "{results}/{scale}/evals/{backbone}/{run}/s{seed}"
 EVAL_METRICS = EVAL_DIR + "/metrics.json"
 DECODE_EVAL_DIR = EVAL_DIR + "/decode/{decode}"  # test-time decoding with the base + RL models

@@ -13,6 +13,29 @@ KINDS = ("flipping", "coupling", "value", "value_budget")
 _MODULES = {"flipping": "flipping", "coupling": "coupling", "value": "value", "value_budget": "value_budget"}
 
 
+def analyze_params(kind: str) -> list[str]:
+    """The keyword parameters of a kind's ``analyze(ctx, ...)``, read from its module's source without importing it
+    (the modules import torch and transformers: planning the DAG checks paper configs' ``params`` against these names
+    and should not pay for those imports). Equal to ``inspect.signature(kind_module(kind).analyze)`` minus ``ctx``
+    (tested)."""
+    import ast
+    from importlib.util import find_spec
+
+    if kind not in _MODULES:
+        raise ValueError(f"unknown analysis kind {kind!r}; valid choices: {list(KINDS)}")
+    spec = find_spec(f"creditlab.analysis.{_MODULES[kind]}")
+    assert spec is not None and spec.origin is not None
+    with open(spec.origin, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), filename=spec.origin)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "analyze":
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+            return [n for n in names if n != "ctx"]
+    raise ValueError(f"creditlab.analysis.{_MODULES[kind]} defines no analyze()")
+
+
 def kind_module(kind: str):
     """The module implementing an analysis kind (ValueError naming the choices otherwise)."""
     if kind not in _MODULES:

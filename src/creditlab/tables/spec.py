@@ -2,8 +2,9 @@
 
 A paper config is data, not code: it maps the paper's backbones and benchmarks to our model
 configs and evaluation suites at each scale (a benchmark may map to null: no stand-in there), names
-the training runs, and declares each table (columns = benchmark x metric or a training cost, rows =
-runs, plus the numbers the paper reports), figures and, optionally, its own seeds per scale. See
+the training runs (with, per scale, the paper's own settings: `scale_overrides`), and declares each
+table (columns = benchmark x metric or a training cost, rows = runs, plus the numbers the paper
+reports), figures and, optionally, its own seeds per scale. See
 `configs/papers/dlogp.yaml` for the format. Every validation error is a ValueError naming the file,
 the offending key and the valid choices, raised before any job starts.
 """
@@ -45,7 +46,7 @@ WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
 
 _TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", "decodes", "tables", "figures",
-             "seeds", "analyses", "claims")
+             "seeds", "analyses", "claims", "scale_overrides")
 _ANALYSIS_KEYS = ("kind", "caption", "backbone", "run", "start", "params")
 ANALYSIS_STARTS = ("base", "trained")
 """Where an analysis starts: the warmed-up base model, or the final state (model + optimizer) of its run."""
@@ -62,7 +63,10 @@ _FIGURE_KIND_KEYS = {
 TOKEN_CREDIT_TOP = 15
 TOKEN_CREDIT_MIN_COUNT = 20
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
-_RUN_KEYS = ("method", "overrides")
+_RUN_KEYS = ("method", "overrides", "scale_overrides")
+ALL_RUNS = "*"
+"""Key of a paper's `scale_overrides.<scale>` entry that applies to every run of the paper (and to the evaluation of
+the base model); the other keys are paper backbones."""
 _TABLE_KEYS = ("caption", "columns", "rows", "curves")
 _COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to", "relative",
                 "threshold", "smoothing", "key")
@@ -93,11 +97,17 @@ DECODE_WITH = ("base", "rl")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A training run: a method config plus Hydra overrides."""
+    """A training run: a method config plus Hydra overrides (every scale), plus this run's own overrides at some
+    scales (`scale_overrides: {paper: [...]}`, applied last: see `PaperSpec.run_overrides`)."""
 
     name: str
     method: str
     overrides: tuple[str, ...] = ()
+    scale_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def overrides_at(self, scale: str) -> tuple[str, ...]:
+        """This run's own overrides at `scale` (empty where it has none)."""
+        return dict(self.scale_overrides).get(scale, ())
 
 
 @dataclass(frozen=True)
@@ -335,6 +345,24 @@ class PaperSpec:
     seeds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """The paper's own seeds per scale (``seeds: {tiny: [0, 1, 2]}``); a scale not listed uses the
     pipeline's (see `seeds_at`)."""
+    scale_overrides: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    """Per scale, Hydra overrides of every run of the paper (key ``"*"``) and of the runs on one paper backbone
+    (key = that backbone): the paper's own hyperparameters at that scale (``scale_overrides: {paper: {"*": [...]}}``),
+    applied before each run's own overrides. See `run_overrides`."""
+
+    def run_overrides(self, run: str, paper_backbone: str, scale: str) -> tuple[str, ...]:
+        """The Hydra overrides of `run` on `paper_backbone` at `scale`, in the order they apply (the last value of a
+        key wins): the paper's `scale_overrides.<scale>` for every run (``*``), then for `paper_backbone` (the paper's
+        settings at that scale), then the run's `overrides` (every scale), then the run's own
+        `scale_overrides.<scale>`. The base model (`run` = ``base``) gets the paper's entries only (its evaluation
+        settings). A scale without `scale_overrides` adds nothing: there, a run's overrides are its `overrides`.
+        """
+        per_scale = self.scale_overrides.get(scale, {})
+        paper_level = per_scale.get(ALL_RUNS, ()) + per_scale.get(paper_backbone, ())
+        if run == BASE_RUN:
+            return paper_level
+        spec = self.runs[run]
+        return paper_level + spec.overrides + spec.overrides_at(scale)
 
     def seeds_at(self, scale: str, default: Iterable[int]) -> list[int]:
         """The seeds this paper's tables and figures use at `scale`: its own `seeds` there, else `default`
@@ -558,8 +586,56 @@ def _parse_decodes(chk: _Checker, data: Any) -> dict[str, DecodeSpec]:
     return decodes
 
 
-def _parse_runs(chk: _Checker, data: Any) -> dict[str, RunSpec]:
-    """Parse `runs`: run name -> {method, overrides}; `base` is reserved."""
+def _parse_override_list(chk: _Checker, overrides: Any, where: str) -> tuple[str, ...]:
+    """A list of Hydra `key=value` override strings (None = none)."""
+    overrides = overrides or []
+    if not isinstance(overrides, list):
+        chk.fail(where, f"expected a list of key=value strings, got {overrides!r}")
+    for i, item in enumerate(overrides):
+        if not isinstance(item, str) or "=" not in item:
+            chk.fail(f"{where}[{i}]", f"expected a key=value string, got {item!r}")
+    return tuple(overrides)
+
+
+def _parse_run_scale_overrides(chk: _Checker, data: Any, where: str, scales: list[str]
+                               ) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A run's `scale_overrides`: scale -> list of key=value strings."""
+    if data is None:
+        return ()
+    if not isinstance(data, Mapping) or not data:
+        chk.fail(where, f"expected a mapping scale -> list of key=value strings, got {data!r}", scales)
+    out = []
+    for scale, overrides in data.items():
+        chk.choice(scale, f"{where}.{scale}", scales)
+        out.append((str(scale), _parse_override_list(chk, overrides, f"{where}.{scale}")))
+    return tuple(out)
+
+
+def _parse_scale_overrides(chk: _Checker, data: Any, scales: list[str], backbones: Mapping[str, Any]
+                           ) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Parse the paper's `scale_overrides`: scale -> {"*" | paper backbone -> list of key=value strings}."""
+    if data is None:
+        return {}
+    targets = [ALL_RUNS, *backbones]
+    if not isinstance(data, Mapping) or not data:
+        chk.fail("scale_overrides", f"expected a mapping scale -> {{'*' | paper backbone: [key=value, ...]}}, "
+                 f"got {data!r}", scales)
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for scale, per_target in data.items():
+        where = f"scale_overrides.{scale}"
+        chk.choice(scale, where, scales)
+        if not isinstance(per_target, Mapping) or not per_target:
+            chk.fail(where, f"expected a mapping '*' | paper backbone -> list of key=value strings, got "
+                     f"{per_target!r}", targets)
+        out[str(scale)] = {}
+        for target, overrides in per_target.items():
+            chk.choice(target, f"{where}.{target}", targets)
+            out[str(scale)][str(target)] = _parse_override_list(chk, overrides, f"{where}.{target}")
+    return out
+
+
+def _parse_runs(chk: _Checker, data: Any, scales: list[str]) -> dict[str, RunSpec]:
+    """Parse `runs`: run name -> {method, overrides, scale_overrides}; `base` is reserved."""
     if not isinstance(data, Mapping):
         chk.fail("runs", "expected a mapping of run name -> {method, overrides}")
     runs: dict[str, RunSpec] = {}
@@ -568,15 +644,10 @@ def _parse_runs(chk: _Checker, data: Any) -> dict[str, RunSpec]:
         if name == BASE_RUN:
             chk.fail(where, f"{BASE_RUN!r} is reserved for the untrained base model")
         body = chk.keys(body, where, _RUN_KEYS, required=("method",))
-        overrides = body.get("overrides") or []
-        if not isinstance(overrides, list):
-            chk.fail(f"{where}.overrides",
-                     f"expected a list of key=value strings, got {overrides!r}")
-        for i, item in enumerate(overrides):
-            if not isinstance(item, str) or "=" not in item:
-                chk.fail(f"{where}.overrides[{i}]", f"expected a key=value string, got {item!r}")
-        runs[str(name)] = RunSpec(str(name), chk.string(body["method"], f"{where}.method"),
-                                  tuple(overrides))
+        overrides = _parse_override_list(chk, body.get("overrides"), f"{where}.overrides")
+        runs[str(name)] = RunSpec(str(name), chk.string(body["method"], f"{where}.method"), overrides,
+                                  _parse_run_scale_overrides(chk, body.get("scale_overrides"),
+                                                             f"{where}.scale_overrides", scales))
     return runs
 
 
@@ -768,14 +839,14 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
     paper = chk.string(body["paper"], "paper")
     backbones = _parse_scale_map(chk, body["backbones"], "backbones")
     benchmarks = _parse_scale_map(chk, body["benchmarks"], "benchmarks", allow_null=True)
-    runs = _parse_runs(chk, body["runs"])
+    scales = sorted({s for per_scale in backbones.values() for s in per_scale})
+    runs = _parse_runs(chk, body["runs"], scales)
     decodes = _parse_decodes(chk, body.get("decodes"))
     context = {"backbones": backbones, "benchmarks": benchmarks, "runs": runs, "decodes": decodes}
     if not isinstance(body["tables"], Mapping) or not body["tables"]:
         chk.fail("tables", "expected a non-empty mapping of table name -> table")
     tables = {str(name): _parse_table(chk, paper, str(name), tbl, context)
               for name, tbl in body["tables"].items()}
-    scales = sorted({s for per_scale in backbones.values() for s in per_scale})
     return PaperSpec(
         paper=paper,
         title=str(body.get("title") or paper),
@@ -790,6 +861,7 @@ def parse_paper(data: Any, source: str) -> PaperSpec:
         analyses=_parse_analyses(chk, body.get("analyses"), context),
         seeds=_parse_seeds(chk, body.get("seeds"), scales),
         claims=_parse_claims(chk, body.get("claims"), tables),
+        scale_overrides=_parse_scale_overrides(chk, body.get("scale_overrides"), scales, backbones),
     )
 
 
@@ -865,9 +937,7 @@ def _parse_analyses(chk: _Checker, data: Any, paper: Mapping[str, Any]) -> dict[
     kind's `analyze` signature (creditlab.analysis.KINDS)."""
     if data is None:
         return {}
-    import inspect
-
-    from creditlab.analysis import KINDS, kind_module
+    from creditlab.analysis import KINDS, analyze_params
 
     if not isinstance(data, Mapping):
         chk.fail("analyses", "expected a mapping of analysis name -> analysis")
@@ -882,8 +952,7 @@ def _parse_analyses(chk: _Checker, data: Any, paper: Mapping[str, Any]) -> dict[
         params = body.get("params") or {}
         if not isinstance(params, Mapping):
             chk.fail(f"{where}.params", f"expected a mapping of keyword -> value, got {params!r}")
-        sig = inspect.signature(kind_module(kind).analyze).parameters
-        allowed = [p for p in sig if p != "ctx"]
+        allowed = analyze_params(kind)  # the kind's analyze() signature, read without importing torch
         for key in params:
             chk.choice(key, f"{where}.params.{key}", allowed)
         out[str(name)] = AnalysisSpec(

@@ -1,0 +1,79 @@
+"""Hydra composition of one primary config for many override lists, as ``hydra.compose`` would, but faster.
+
+``hydra.compose`` splits a list of overrides into config-group choices (``model=qwen3-8b-base``: they shape the
+defaults tree, i.e. which files are merged) and value overrides (``trainer.lr=1e-6``, ``+a.b=1``, ``~a.b``), merges
+the defaults tree's files, then applies the value overrides to the merged config with
+``ConfigLoaderImpl._apply_overrides_to_config``. Planning composes 70-110 runs whose group choices take a few dozen
+distinct values, and each ``hydra.compose`` call re-reads and re-merges every file (0.1-0.2 s). `CachedComposer`
+composes the merged config once per distinct list of group choices (with ``hydra.compose`` itself), and for each run
+applies the value overrides to a copy with the same Hydra routine: the same config, the same errors (an unknown key,
+a type mismatch, an unknown group option), ~15x cheaper per run. `tests/test_paper_scale.py` checks it equal to
+``hydra.compose`` on the runs of every scale, and composes verl's own trainer config with it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+from omegaconf import DictConfig
+
+
+class CachedComposer:
+    """Compose ``config_name`` of ``config_dir`` for many override lists (use as a context manager: it holds a Hydra
+    context, as ``hydra.initialize_config_dir`` does)."""
+
+    def __init__(self, config_dir: str | Path, config_name: str) -> None:
+        self.config_dir = str(Path(config_dir).resolve())
+        self.config_name = config_name
+        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._context = None
+        self._repo = None
+
+    def __enter__(self) -> "CachedComposer":
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        self._context = initialize_config_dir(config_dir=self.config_dir, version_base=None)
+        self._context.__enter__()
+        self._repo = GlobalHydra.instance().config_loader().repository
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self._context is not None
+        self._context.__exit__(exc_type, exc, tb)
+        self._context = self._repo = None
+
+    def split(self, overrides: Iterable[str]) -> tuple[list, list]:
+        """(config-group overrides, value overrides), parsed, split as Hydra's defaults list does it (a group override
+        names an existing config group and has a non-dict value)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        if self._repo is None:
+            raise RuntimeError("CachedComposer is used outside its `with` block")
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+        groups, values = [], []
+        for o in parsed:
+            is_group = self._repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict)
+            (groups if is_group else values).append(o)
+        return groups, values
+
+    def compose(self, overrides: Iterable[str]) -> DictConfig:
+        """The composed config (struct mode, unresolved), equal to ``hydra.compose(config_name, overrides)``.
+
+        Raises what ``hydra.compose`` raises (``hydra.errors.HydraException``,
+        ``omegaconf.errors.OmegaConfBaseException``).
+        """
+        from hydra import compose as hydra_compose
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+        groups, values = self.split(overrides)
+        key = tuple(o.input_line for o in groups)
+        if key not in self._bases:
+            self._bases[key] = hydra_compose(config_name=self.config_name, overrides=list(key))
+        cfg = copy.deepcopy(self._bases[key])
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # the step hydra.compose runs after merging
+        return cfg
