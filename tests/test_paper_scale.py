@@ -386,13 +386,18 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     models = {c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
               for c in run_cfgs}
     stand_ins = _stand_in_models(tmp_path / "models", models)
-    checked_models, checked_rewards, seen = {}, {}, set()
+    checked_models, checked_rewards, seen, multi_node = {}, {}, set(), 0
     with CachedComposer(VERL_CONFIG_DIR, "ppo_trainer") as verl_composer:
         for cfg in run_cfgs:
             key, t = cfg["run"]["key"], cfg["trainer"]
             rp = launch.RunPaths.of(cfg, tmp_path / "results", model_path=str(stand_ins[cfg["model"]["name"]]))
             argv, env = launch.verl_command(cfg, rp, mlflow_run_id="0" * 32, tracking_uri="http://mlflow.invalid",
                                             plugin_overrides=plugin)
+            v = cfg["model"]["verl"]
+            if v["nnodes"] > 1:  # multi-node: the driver runs under the Ray-on-SLURM bootstrap
+                assert argv[1:6] == ["-m", launch.RAY_SLURM, "--gpus-per-node", str(v["n_gpus_per_node"]), "--"]
+                argv = argv[6:]
+                multi_node += 1
             assert argv[1:3] == ["-m", launch.VERL_MAIN] and env["MLFLOW_RUN_ID"] == "0" * 32
             conf = verl_composer.compose(argv[3:])  # verl's Hydra config + our overrides (+ the plug-in's)
             # verl's main_ppo, before Ray: device, validate_config
@@ -448,7 +453,7 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             assert conf.data.max_response_length == t["max_new_tokens"] and arr.actor.optim.lr == t["lr"]
             assert conf.trainer.n_gpus_per_node * conf.trainer.nnodes >= 1 and conf.algorithm.adv_estimator == "grpo"
             seen.add(key)
-    assert len(seen) == 110
+    assert len(seen) == 110 and multi_node > 0
     elapsed = time.perf_counter() - t0
     print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} "
           f"({which} overrides) in {elapsed:.1f} s")

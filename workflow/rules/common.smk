@@ -6,7 +6,10 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from creditlab import paths
-from creditlab.plan import BASE_RUN, PlanError, build_plan
+import functools
+
+from creditlab.paths import run_key
+from creditlab.plan import BASE_RUN, PlanError, build_plan, run_config
 
 try:
     PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
@@ -39,6 +42,24 @@ def paper_seeds(wildcards):
 def at_scale(pattern):
     """A path pattern with results and scale filled, other wildcards kept for Snakemake."""
     return pattern.replace("{results}", RESULTS).replace("{scale}", SCALE)
+
+
+@functools.lru_cache(maxsize=None)
+def _train_size(backbone, run, seed):
+    """(nodes, GPUs) of one training job: at paper scale the run's `model.verl` (nnodes x n_gpus_per_node, the
+    backbone's size or the run's override, e.g. ARCA's single GPU); at tiny/micro one GPU if the node has one."""
+    if SCALE != "paper":
+        return 1, 1
+    v = run_config(PLAN.runs[run_key(SCALE, backbone, run, int(seed))])["model"]["verl"]
+    return int(v["nnodes"]), int(v["nnodes"]) * int(v["n_gpus_per_node"])
+
+
+def train_nodes(wildcards):
+    return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[0]
+
+
+def train_gpus(wildcards):
+    return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[1]
 
 
 def log_for(name):

@@ -29,6 +29,8 @@ rule train:
     threads: 1
     resources:
         mem_mb=3000,
+        nodes=train_nodes,  # per run (model.verl at paper scale): the SLURM profile leaves these to the rule
+        gpu=train_gpus,
     params:
         cli=CLI,
     conda:

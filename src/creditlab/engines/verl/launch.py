@@ -55,6 +55,7 @@ from typing import Any
 from creditlab import paths
 
 VERL_MAIN = "creditlab.engines.verl.main"
+RAY_SLURM = "creditlab.engines.verl.ray_slurm"  # multi-node: Ray over the SLURM allocation first
 """Module run with ``python -m``: verl's PPO entry point with creditlab's plug-in (engines/verl/main.py)."""
 PLUGIN_MODULE = "creditlab.engines.verl.plugin"
 """Loaded by verl at import time (VERL_USE_EXTERNAL_MODULES): registers creditlab's losses, advantages, samplers."""
@@ -353,7 +354,8 @@ def verl_command(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow_run_
                  tracking_uri: str | None = None, python: str = sys.executable, num_cpus: int | None = None,
                  plugin_overrides: Callable[[Mapping[str, Any]], Iterable[str]] | None = None
                  ) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) that train `run_cfg` with verl: ``python -m creditlab.engines.verl.main <overrides>``.
+    """(argv, env) that train `run_cfg` with verl: ``python -m creditlab.engines.verl.main <overrides>``, wrapped in
+    ``python -m creditlab.engines.verl.ray_slurm --gpus-per-node G --`` when the run spans several nodes.
 
     `env` holds only the variables to set on top of the caller's environment: VERL_USE_EXTERNAL_MODULES (the
     plug-in), and with `mlflow_run_id` MLFLOW_RUN_ID / MLFLOW_TRACKING_URI (verl's MLflow logger then logs into that
@@ -363,6 +365,9 @@ def verl_command(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow_run_
     fn = plugin_overrides if plugin_overrides is not None else load_plugin_overrides()
     ours = verl_overrides(run_cfg, run_paths, mlflow=mlflow_run_id is not None, num_cpus=num_cpus)
     argv = [python, "-m", VERL_MAIN, *merge_overrides(ours, fn(run_cfg))]
+    v = run_cfg["model"]["verl"]
+    if int(v["nnodes"]) > 1:  # a Ray cluster over the SLURM allocation's nodes first (the driver runs on the head)
+        argv = [python, "-m", RAY_SLURM, "--gpus-per-node", str(int(v["n_gpus_per_node"])), "--", *argv]
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
     if mlflow_run_id is not None:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
