@@ -6,15 +6,13 @@ tests/fixtures/hub/make_math_fixtures.py).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from hub_fixtures import HUB, LAYOUT, fixture, fx, make_raw_dir
 
 from creditlab.data.dedupe import (
     ContaminationIndex,
@@ -39,50 +37,7 @@ from creditlab.data.verl_format import (
 )
 from creditlab.engines.verl import reward as verl_reward
 
-HUB = Path(__file__).parent / "fixtures" / "hub"
-_spec = importlib.util.spec_from_file_location("make_math_fixtures", HUB / "make_math_fixtures.py")
-fx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fx)
-
-# registry name -> (fixture file, path inside the Hub repository as `huggingface-cli download` lays it out)
-LAYOUT = {
-    "deepmath": ("deepmath_103k.parquet", "data/train-00000-of-00010.parquet"),
-    "dapo-math-17k": ("dapo_math_17k.parquet", "data/dapo-math-17k.parquet"),
-    "math": ("math_lighteval_train.parquet", "data/train-00000-of-00001.parquet"),
-    "math-test": ("math_lighteval_test.parquet", "data/test-00000-of-00001.parquet"),
-    "math500": ("math500.jsonl", "test.jsonl"),
-    "aime24": ("aime_2024.parquet", "data/train-00000-of-00001.parquet"),
-    "aime25": ("aime25.jsonl", "test.jsonl"),
-    "aime25-matharena": ("matharena_aime_2025.parquet", "data/train-00000-of-00001.parquet"),
-    "amc23": ("amc23.jsonl", "test.jsonl"),
-    "minerva": ("minervamath.jsonl", "test.jsonl"),
-    "olympiadbench": ("olympiadbench.jsonl", "test.jsonl"),
-    "hmmt-feb-2025": ("hmmt_feb_2025.parquet", "data/train-00000-of-00001.parquet"),
-    "hmmt-feb-2026": ("hmmt_feb_2026.parquet", "data/train-00000-of-00001.parquet"),
-    "brumo-2025": ("brumo_2025.parquet", "data/train-00000-of-00001.parquet"),
-    "mmlu-pro": ("mmlu_pro.jsonl", "test.jsonl"),
-    "livecodebench": ("livecodebench.jsonl", "test.jsonl"),
-}
 MATH_NAMES = [n for n, d in HUB_DATASETS.items() if d.kind == "math"]
-
-
-def fixture(name: str) -> Path:
-    return HUB / LAYOUT[name][0]
-
-
-def make_raw_dir(root: Path, names=None) -> Path:
-    """A raw_dir in the Hub download layout (GPQA converted to the CSV the Hub ships)."""
-    raw = root / "raw"
-    for name in names or LAYOUT:
-        src, rel = LAYOUT[name]
-        dst = raw / get_dataset(name).hub_id / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(HUB / src, dst)
-    gpqa = raw / get_dataset("gpqa-diamond").hub_id / "gpqa_diamond.csv"
-    gpqa.parent.mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(line) for line in (HUB / "gpqa_diamond.jsonl").read_text().splitlines()]
-    pacsv.write_csv(pa.Table.from_pylist(rows), gpqa)
-    return raw
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -146,6 +101,8 @@ MAPPING = {
     "hmmt-feb-2025": ("problem", ["\\frac{1}{576}", "2\\sqrt{3}"], ["hmmt-feb-2025/1", "hmmt-feb-2025/2"]),
     "hmmt-feb-2026": ("problem", ["103"], ["hmmt-feb-2026/1"]),
     "brumo-2025": ("problem", ["\\sqrt{2}", "x^2+1"], ["brumo-2025/1", "brumo-2025/2"]),
+    "hmmt-nov-2025": ("problem", ["24", "385"], ["hmmt-nov-2025/1", "hmmt-nov-2025/2"]),
+    "aime26": ("problem", ["120", "864"], ["aime26/1", "aime26/2"]),
     "math": ("problem", ["4", "\\frac{5}{8}", "3", "\\{-1, 1\\}"], [f"math/train/{i:06d}" for i in range(4)]),
     "math-test": ("problem", ["13", "56"], ["math-test/test/000000", "math-test/test/000001"]),
 }
@@ -502,7 +459,7 @@ def test_prepare_hub_end_to_end(tmp_path):
     assert report["contamination"]["per_eval"]["math500"]["by_ngram"] == 1
     assert report["sources"]["train"][1] == {
         "dataset": "dapo-math-17k", "hub_id": "BytedTsinghua-SIA/DAPO-Math-17k", "hub_split": "train",
-        "files": ["BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"], "options": {},
+        "files": ["BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"], "options": {}, "sample": None,
         "rows": 11, "skipped": 0, "records": 5}
     assert report["overlap"]["train"] == {s: 0 for s in CFG["eval"]}
     train = read_records(out / "train.parquet")

@@ -103,16 +103,31 @@ def _eval_k(plan, paper: str) -> int:
 
 # ----------------------------------------------------------------------------------------- verbs
 def cmd_prepare(a: argparse.Namespace) -> None:
-    """Generate the tiny world: train/val splits, held-out suites (overlap 0), tokenizer. At paper scale: the hub
-    training sets and evaluation suites (not in this checkout yet: see README "Paper scale")."""
+    """Generate the tiny world: train/val splits, held-out suites (overlap 0), tokenizer. At paper scale: fetch the
+    hub datasets of the planned runs and tables into $CREDITLAB_HUB_RAW (default results/paper/raw; nothing is
+    downloaded with HF_HUB_OFFLINE=1) and prepare them: results/paper/data/verl/<dataset>/{train,val}.parquet,
+    suites/<suite>.parquet, the contamination report, prep_report.json (creditlab.data.prepare_paper).
+    ``--download-only``: fetch, prepare nothing (a login node with network, before a job with HF_HUB_OFFLINE=1)."""
+    if a.scale == "paper":
+        from creditlab.data import prepare_paper
+
+        plan = build_plan(_pipeline(a), validate=False)
+        try:
+            report = prepare_paper.run(plan, a.results, download_only=a.download_only)
+        except prepare_paper.PaperDataError as err:
+            raise SystemExit(f"prepare at scale 'paper': {err}") from None
+        summary = {"raw_dir": report["raw_dir"],
+                   "downloads": {h: r["status"] for h, r in report["downloads"].items()}}
+        if not a.download_only:
+            summary |= {"suites": {s: r["count"] for s, r in report["suites"].items()},
+                        "training_sets": {d: r["counts"] for d, r in report["training_sets"].items()}}
+        print(json.dumps(summary, indent=1))
+        return
+    if a.download_only:
+        raise SystemExit(f"prepare --download-only is for scale 'paper' (hub datasets); scale {a.scale!r} downloads "
+                         f"nothing")
     from creditlab.data.prepare import prepare_tiny
 
-    if a.scale == "paper":
-        raise SystemExit(
-            "prepare at scale 'paper' (hub datasets -> results/paper/data/verl/<dataset>/{train,val}.parquet and "
-            "results/paper/data/suites/<suite>.parquet, configs/data/*.yaml + configs/suites/paper.yaml) needs the hub "
-            "loaders of DeepMath-103K, DAPO-Math-17k, MATH and the math suites, which this checkout does not have yet "
-            "(creditlab.data.hub_loaders has GPQA, MMLU-Pro, LiveCodeBench); see README 'Paper scale'")
     cfg = compose(a.scale, a.backbone)
     out = paths.fmt(paths.DATA_DIR, results=a.results, scale=a.scale)
     report = prepare_tiny(cfg["data"], out)
@@ -599,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("prepare", help=cmd_prepare.__doc__)
     sp.add_argument("--backbone", default="tiny-s", help="any backbone (data do not depend on it)")
+    sp.add_argument("--download-only", action="store_true",
+                    help="scale paper: only fetch the hub datasets into $CREDITLAB_HUB_RAW (default "
+                         "results/paper/raw), e.g. on a login node with network; prepare nothing")
     sp.set_defaults(fn=cmd_prepare)
     sub.add_parser("init-tracking", help=cmd_init_tracking.__doc__).set_defaults(fn=cmd_init_tracking)
     sp = sub.add_parser("warmup", help=cmd_warmup.__doc__)

@@ -16,6 +16,11 @@ SUITE = DATA_DIR + "/suites/{suite}.parquet"  # an evaluation suite (normalised 
 VERL_DATA_DIR = DATA_DIR + "/verl/{dataset}"  # paper scale: a training set as verl reads it (prompt chat list,
 VERL_TRAIN = VERL_DATA_DIR + "/train.parquet"  # data_source, reward_model.ground_truth, extra_info), data.train_files
 VERL_VAL = VERL_DATA_DIR + "/val.parquet"  # its held-out slice: verl's data.val_files
+TRAIN_SET_DIR = DATA_DIR + "/train/{dataset}"  # paper scale: a training set's prepare_hub folder (normalised
+# train/val records, its contamination_report.json and prep_report.json)
+CONTAMINATION = DATA_DIR + "/contamination_report.json"  # paper scale: every training set against every suite
+HUB_RAW = "{results}/{scale}/raw"  # paper scale: hub dataset files, <raw>/<hf_id>/ as `huggingface-cli download
+# --local-dir` lays them out (env CREDITLAB_HUB_RAW overrides: prepare_paper.raw_dir); no rule declares it
 BASE_DIR = "{results}/{scale}/models/{backbone}/base"
 BASE_DONE = BASE_DIR + "/DONE"
 RUN_DIR = "{results}/{scale}/runs/{backbone}/{run}/s{seed}"

@@ -28,6 +28,8 @@ olympiadbench        math-ai/olympiadbench (test)            question         fi
                                                              (or problem)     (or answer)
 hmmt-feb-2025        MathArena/hmmt_feb_2025 (train)         problem          answer
 hmmt-feb-2026        MathArena/hmmt_feb_2026 (train)         problem          answer
+hmmt-nov-2025        MathArena/hmmt_nov_2025 (train)         problem          answer
+aime26               MathArena/aime_2026 (train)             problem          answer
 brumo-2025           MathArena/brumo_2025 (train)            problem          answer
 ===================  =====================================  ===============  =========================
 
@@ -511,6 +513,10 @@ iter_aime25_matharena = _matharena("aime25-matharena", "MathArena/aime_2025")
 iter_hmmt_feb_2025 = _matharena("hmmt-feb-2025", "MathArena/hmmt_feb_2025")
 iter_hmmt_feb_2026 = _matharena("hmmt-feb-2026", "MathArena/hmmt_feb_2026")
 iter_brumo_2025 = _matharena("brumo-2025", "MathArena/brumo_2025")
+# [ours] SPEC's data table names no AIME 2026 / HMMT Nov 2025 source; MathArena publishes both like its other
+# competitions (configs/suites/paper.yaml aime26, hmmt25-nov)
+iter_hmmt_nov_2025 = _matharena("hmmt-nov-2025", "MathArena/hmmt_nov_2025")
+iter_aime26 = _matharena("aime26", "MathArena/aime_2026")
 
 
 def iter_amc23(source: Source, split: str = "amc23", stats: dict[str, int] | None = None) -> Iterator[Record]:

@@ -9,6 +9,10 @@ Files: a dataset's raw files are looked for under ``<raw_dir>/<hub_id>/`` -- the
 dataset's ``patterns`` (globs relative to that folder, tried in order: the first that matches any
 file wins, so a dataset shipped both as parquet and as JSON lines is not read twice). A config may
 give ``files`` (paths relative to ``raw_dir`` or absolute) or ``dir`` instead.
+
+The paper-scale configs name datasets by Hub id, dataset config and split (``configs/data/*.yaml`` ``train``,
+``configs/suites/paper.yaml``); :func:`lookup` maps those to a registry entry, and :func:`allow_patterns` /
+:func:`download_command` say what to fetch (:mod:`creditlab.data.prepare_paper`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class HubDataset:
     """Globs under ``<raw_dir>/<hub_id>/``, tried in order."""
     role: str = "eval"
     """What the papers use it for: ``train`` or ``eval`` (informative only)."""
+    hub_config: str | None = None
+    """The Hub dataset config the ``patterns`` select (None: the default one)."""
 
 
 def _split_patterns(split: str) -> tuple[str, ...]:
@@ -86,9 +92,9 @@ HUB_DATASETS: dict[str, HubDataset] = {
                    patterns=("data/dapo-math-17k.parquet", "**/dapo-math-17k.parquet", *_split_patterns("train")),
                    role="train"),
         HubDataset("math", "DigitalLearningGmbH/MATH-lighteval", "train", hub_math.iter_math_lighteval,
-                   patterns=_split_patterns("train"), role="train"),
+                   patterns=_split_patterns("train"), role="train", hub_config="default"),
         HubDataset("math-test", "DigitalLearningGmbH/MATH-lighteval", "test", hub_math.iter_math_lighteval_test,
-                   patterns=_split_patterns("test")),
+                   patterns=_split_patterns("test"), hub_config="default"),
         # math evaluation sets
         HubDataset("math500", "HuggingFaceH4/MATH-500", "test", hub_math.iter_math500,
                    patterns=_split_patterns("test")),
@@ -107,16 +113,19 @@ HUB_DATASETS: dict[str, HubDataset] = {
         HubDataset("hmmt-feb-2026", "MathArena/hmmt_feb_2026", "train", hub_math.iter_hmmt_feb_2026,
                    patterns=_MATHARENA),
         HubDataset("brumo-2025", "MathArena/brumo_2025", "train", hub_math.iter_brumo_2025, patterns=_MATHARENA),
+        HubDataset("hmmt-nov-2025", "MathArena/hmmt_nov_2025", "train", hub_math.iter_hmmt_nov_2025,
+                   patterns=_MATHARENA),
+        HubDataset("aime26", "MathArena/aime_2026", "train", hub_math.iter_aime26, patterns=_MATHARENA),
         # multiple choice and code (loaders in creditlab.data.hub_loaders)
         HubDataset("gpqa-diamond", "Idavidrein/gpqa", "train", _wrap_list_loader(hub_loaders.load_gpqa_diamond),
-                   kind="multiple_choice",
+                   kind="multiple_choice", hub_config="gpqa_diamond",
                    patterns=("gpqa_diamond.csv", "**/gpqa_diamond.csv", "**/gpqa_diamond/train/*.parquet",
                              "**/gpqa_diamond/train-*.parquet")),
         HubDataset("mmlu-pro", "TIGER-Lab/MMLU-Pro", "test", _wrap_list_loader(hub_loaders.load_mmlu_pro),
                    kind="multiple_choice", patterns=_split_patterns("test")),
         HubDataset("livecodebench", "livecodebench/code_generation_lite", "test",
-                   _wrap_list_loader(hub_loaders.load_livecodebench), kind="code",
-                   patterns=("test*.jsonl", "**/test*.jsonl")),
+                   _wrap_list_loader(hub_loaders.load_livecodebench), kind="code", hub_config="release_v6",
+                   patterns=("test*.jsonl", "**/test*.jsonl")),  # release_v6 = test.jsonl .. test6.jsonl
     )
 }
 """Every dataset of SPEC.md's data table, by config name."""
@@ -128,6 +137,49 @@ def get_dataset(name: str) -> HubDataset:
         return HUB_DATASETS[name]
     except KeyError:
         raise ValueError(f"unknown hub dataset {name!r}; valid: {sorted(HUB_DATASETS)}") from None
+
+
+def _config_key(config: str | None) -> str:
+    return "default" if config in (None, "", "default") else str(config)
+
+
+def lookup(hub_id: str, config: str | None, split: str) -> HubDataset:
+    """The registry entry of Hub dataset ``hub_id``, dataset config ``config`` (None = ``default``), split ``split``.
+
+    Raises:
+        ValueError: no entry reads that (id, config, split); the message lists every entry's.
+    """
+    for d in HUB_DATASETS.values():
+        if (d.hub_id, _config_key(d.hub_config), d.hub_split) == (hub_id, _config_key(config), split):
+            return d
+    choices = "; ".join(f"{d.hub_id} config {_config_key(d.hub_config)} split {d.hub_split} -> {d.name}"
+                        for d in HUB_DATASETS.values())
+    raise ValueError(f"no hub loader for {hub_id} config {_config_key(config)} split {split}; "
+                     f"the registry (creditlab.data.hub_registry.HUB_DATASETS) reads: {choices}")
+
+
+def allow_patterns(name: str) -> list[str]:
+    """``allow_patterns`` of ``huggingface_hub.snapshot_download`` (``--include`` of ``huggingface-cli download``)
+    that fetch what :func:`find_files` reads for dataset ``name``: its patterns, plus each ``**/x`` pattern as ``x``
+    (the Hub filters with ``fnmatch``, where ``**/`` needs a folder, unlike ``Path.glob``)."""
+    out: list[str] = []
+    for pattern in get_dataset(name).patterns:
+        for p in (pattern, pattern[3:] if pattern.startswith("**/") else None):
+            if p and p not in out:
+                out.append(p)
+    return out
+
+
+def download_command(hub_id: str, local_dir: str | Path, patterns: Iterable[str] = ()) -> str:
+    """The shell command that fetches ``hub_id`` (a dataset repository) into ``local_dir`` (the layout
+    :func:`find_files` reads), restricted to ``patterns`` if given."""
+    import shlex
+
+    cmd = ["huggingface-cli", "download", hub_id, "--repo-type", "dataset", "--local-dir", str(local_dir)]
+    patterns = list(patterns)
+    if patterns:
+        cmd += ["--include", *patterns]
+    return " ".join(shlex.quote(c) for c in cmd)
 
 
 def find_files(name: str, raw_dir: str | Path, files: Iterable[str | Path] | None = None,
@@ -178,8 +230,9 @@ def load_dataset(name: str, source: Source, split: str | None = None, **options:
 
 
 def describe() -> list[Mapping[str, str]]:
-    """One line per dataset (name, hub id, split, kind, role), for docs and reports."""
+    """One line per dataset (name, hub id, config, split, kind, role), for docs and reports."""
     return [
-        {"name": d.name, "hub_id": d.hub_id, "hub_split": d.hub_split, "kind": d.kind, "role": d.role}
+        {"name": d.name, "hub_id": d.hub_id, "hub_config": _config_key(d.hub_config), "hub_split": d.hub_split,
+         "kind": d.kind, "role": d.role}
         for d in HUB_DATASETS.values()
     ]

@@ -9,13 +9,19 @@ the verl parquet files the verl engine trains and validates on::
       verl/train.parquet  [verl/val.parquet]  verl/suites/<suite>.parquet    verl RL format
       contamination_report.json                               the contamination report
       prep_report.json                                        the full report (written last)
+
+The verl files may go to another folder (``verl_dir``), and the suites may be loaded once by the caller
+(:func:`load_suites`) and shared by several training sets (``suites=``, ``write_suites=False``): what
+:mod:`creditlab.data.prepare_paper` does for the paper-scale layout.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +43,8 @@ log = logging.getLogger(__name__)
 Records = list[dict[str, Any]]
 
 _TOP_KEYS = ("name", "template", "train", "eval", "val", "dedupe", "contamination", "limit")
-_SPEC_KEYS = ("dataset", "files", "dir", "options")
+_SPEC_KEYS = ("dataset", "files", "dir", "options", "sample")
+_SAMPLE_KEYS = ("n", "seed")
 _DEDUPE_KEYS = ("train", "eval")
 _CONTAM_KEYS = ("enable", "ngram", "min_overlap", "action")
 _VAL_KEYS = ("n", "seed")
@@ -59,12 +66,54 @@ def _spec(entry: Any, where: str) -> dict[str, Any]:
     files = entry.get("files")
     if isinstance(files, (str, Path)):
         files = [files]
+    sample = entry.get("sample")
+    if sample is not None:
+        if not isinstance(sample, Mapping) or "n" not in sample or set(sample) - set(_SAMPLE_KEYS):
+            raise ValueError(f"data config {where}.sample: expected {{n: <int>, seed: <int>}}, got {sample!r}")
+        if int(sample["n"]) < 1:
+            raise ValueError(f"data config {where}.sample.n must be >= 1, got {sample['n']}")
+        sample = {"n": int(sample["n"]), "seed": int(sample.get("seed", 0))}
     return {
         "dataset": str(entry["dataset"]),
         "files": list(files) if files else None,
         "dir": entry.get("dir"),
         "options": dict(entry.get("options") or {}),
+        "sample": sample,
     }
+
+
+def _sample(records: Records, sample: Mapping[str, int] | None, where: str) -> Records:
+    """``sample = {n, seed}``: the first ``n`` records after a shuffle of their indices by ``random.Random(seed)``,
+    kept in their file order; None: every record."""
+    if sample is None:
+        return records
+    n = sample["n"]
+    if n > len(records):
+        raise ValueError(f"{where}: sample.n={n} but only {len(records)} records were loaded")
+    order = list(range(len(records)))
+    random.Random(sample["seed"]).shuffle(order)
+    chosen = set(order[:n])
+    return [r for i, r in enumerate(records) if i in chosen]
+
+
+def _parse_eval(raw_eval: Any) -> dict[str, dict[str, Any]]:
+    """The ``eval`` block: suite name -> dataset entry."""
+    raw_eval = raw_eval or {}
+    if isinstance(raw_eval, list):
+        pairs = [((e if isinstance(e, str) else e.get("dataset")), e) for e in raw_eval]
+    elif isinstance(raw_eval, Mapping):
+        pairs = list(raw_eval.items())
+    else:
+        raise ValueError(f"data config eval: expected a list or a mapping, got {raw_eval!r}")
+    suites: dict[str, dict[str, Any]] = {}
+    for suite, entry in pairs:
+        suite = str(suite)
+        if suite in _RESERVED or not suite or "/" in suite or suite.startswith("."):
+            raise ValueError(f"data config eval: invalid suite name {suite!r}")
+        if suite in suites:
+            raise ValueError(f"data config eval: suite {suite!r} given twice")
+        suites[suite] = _spec(entry if entry is not None else suite, f"eval.{suite}")
+    return suites
 
 
 def _block(cfg: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -89,21 +138,7 @@ def parse_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     check_template(template)
     train = cfg["train"] if isinstance(cfg["train"], list) else [cfg["train"]]
     train_specs = [_spec(entry, f"train[{i}]") for i, entry in enumerate(train)]
-    raw_eval = cfg.get("eval") or {}
-    if isinstance(raw_eval, list):
-        pairs = [((e if isinstance(e, str) else e.get("dataset")), e) for e in raw_eval]
-    elif isinstance(raw_eval, Mapping):
-        pairs = list(raw_eval.items())
-    else:
-        raise ValueError(f"data config eval: expected a list or a mapping, got {raw_eval!r}")
-    suites: dict[str, dict[str, Any]] = {}
-    for suite, entry in pairs:
-        suite = str(suite)
-        if suite in _RESERVED or not suite or "/" in suite or suite.startswith("."):
-            raise ValueError(f"data config eval: invalid suite name {suite!r}")
-        if suite in suites:
-            raise ValueError(f"data config eval: suite {suite!r} given twice")
-        suites[suite] = _spec(entry if entry is not None else suite, f"eval.{suite}")
+    suites = _parse_eval(cfg.get("eval"))
     dedupe = {"train": True, "eval": False, **_block(cfg, "dedupe", _DEDUPE_KEYS)}
     contam = {"enable": True, "ngram": DEFAULT_NGRAM, "min_overlap": 1, "action": "drop",
               **_block(cfg, "contamination", _CONTAM_KEYS)}
@@ -149,6 +184,7 @@ def _source_entry(spec: dict[str, Any], files: list[Path], raw_dir: Path, stats:
         "hub_split": ds.hub_split,
         "files": [_display(p, raw_dir) for p in files],
         "options": spec["options"],
+        "sample": spec["sample"],
         "rows": stats.get("rows", 0),
         "skipped": stats.get("skipped", 0),
         "records": n_records,
@@ -164,7 +200,55 @@ def _overlap(a: Records, others: Mapping[str, Records]) -> dict[str, int]:
     return {name: sum(normalize_text(r["question"]) in keys for r in recs) for name, recs in others.items()}
 
 
-def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+@dataclass
+class LoadedSuites:
+    """Evaluation suites loaded by :func:`load_suites`, to share between :func:`prepare_hub` calls."""
+
+    records: dict[str, Records]
+    """suite name -> its records (``split`` = the suite name)."""
+    specs: dict[str, dict[str, Any]]
+    """suite name -> its parsed dataset entry."""
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """suite name -> provenance (as ``sources.eval`` of the :func:`prepare_hub` report)."""
+    dedupe: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """suite name -> dedupe report."""
+
+
+def _load_suites(specs: dict[str, dict[str, Any]], raw_dir: Path, dedupe: bool,
+                 files: Mapping[str, list[Path]] | None = None) -> LoadedSuites:
+    files = dict(files) if files is not None else {suite: _resolve(spec, raw_dir) for suite, spec in specs.items()}
+    loaded = LoadedSuites(records={}, specs=dict(specs))
+    for suite, spec in specs.items():
+        stats: dict[str, int] = {}
+        deduper = Deduper()
+        records = []
+        for rec in iter_dataset(spec["dataset"], files[suite], split=suite, stats=stats, **spec["options"]):
+            if deduper.add(rec) or not dedupe:
+                records.append(rec)
+        records = _sample(records, spec["sample"], f"eval.{suite} ({spec['dataset']})")
+        loaded.records[suite] = records
+        loaded.dedupe[suite] = {**deduper.report(), "applied": dedupe}
+        loaded.sources[suite] = _source_entry(spec, files[suite], raw_dir, stats, len(records))
+        log.info("suite %s: %d records from %s", suite, len(records), spec["dataset"])
+    return loaded
+
+
+def load_suites(eval_cfg: Any, raw_dir: str | Path, dedupe: bool = False) -> LoadedSuites:
+    """Load evaluation suites given as the ``eval`` block of a data config (see :func:`prepare_hub`), every file
+    resolved before any is read; ``dedupe`` drops duplicate questions within each suite.
+
+    Raises: as :func:`prepare_hub`.
+    """
+    return _load_suites(_parse_eval(eval_cfg), Path(raw_dir), dedupe)
+
+
+def _rel(path: Path, start: Path) -> str:
+    return os.path.relpath(path, start)
+
+
+def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str | Path, *,
+                suites: LoadedSuites | None = None, write_suites: bool = True,
+                verl_dir: str | Path | None = None) -> dict[str, Any]:
     """Build the train set and evaluation suites of a paper-scale data config from local Hub files.
 
     Config keys (``data_cfg``, e.g. the content of ``configs/data/<name>.yaml``):
@@ -178,7 +262,9 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
       {...}}``: ``files`` are paths relative to ``raw_dir`` (or absolute), read in order; without
       them the files are found under ``dir`` (default ``<raw_dir>/<hub_id>``, the
       ``huggingface-cli download --local-dir`` layout) by the dataset's file patterns; ``options``
-      are passed to the loader (e.g. ``{skip_unboxed: true}`` for ``math``).
+      are passed to the loader (e.g. ``{skip_unboxed: true}`` for ``math``); ``sample: {n, seed}`` keeps ``n`` of
+      the entry's records (after dedupe): the first ``n`` after a shuffle of their indices by
+      ``random.Random(seed)``, in file order (e.g. ARCA's 200 MATH test problems, seed 1337).
     - ``eval`` (optional): the evaluation suites, a mapping ``suite name -> dataset entry`` or a list
       of dataset entries (suite name = dataset name). Suite names other than ``train`` / ``val``.
     - ``val`` (optional): ``{n: 0, seed: 0}`` -- hold ``n`` training items out as ``val``
@@ -190,6 +276,11 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
       check the training items against every suite (normalised exact match, or ``min_overlap``
       shared word ``ngram``-grams) and ``drop`` or ``flag`` (``meta.contaminated_with``) them.
     - ``limit`` (optional int): keep only the first ``limit`` training items (smoke runs).
+
+    Keyword arguments: ``suites`` -- suites already loaded by :func:`load_suites` (then the config has no
+    ``eval``), used as the config's suites; ``write_suites`` (default true) -- write the suites' files (else only
+    the training set's, the suites being the caller's); ``verl_dir`` -- the folder of the verl files (default
+    ``out_dir/verl``; the report's paths are relative to ``out_dir`` either way).
 
     Writes the files listed in the module docstring and returns the report (also in
     ``prep_report.json``): ``counts``, ``files``, ``verl_files``, ``sources`` (per dataset: Hub id,
@@ -206,46 +297,43 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
     """
     cfg = parse_config(data_cfg)
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
+    verl_dir = Path(verl_dir) if verl_dir is not None else out_dir / "verl"
     template = cfg["template"]
     (out_dir / "prep_report.json").unlink(missing_ok=True)  # the done marker: never left stale
+    if suites is not None and cfg["eval"]:
+        raise ValueError("prepare_hub: give the suites either in the config's `eval` or as `suites=`, not both")
 
     # Resolve every file first: a missing dataset fails before hours of loading.
     train_files = [_resolve(spec, raw_dir) for spec in cfg["train"]]
-    suite_files = {suite: _resolve(spec, raw_dir) for suite, spec in cfg["eval"].items()}
+    if suites is None:
+        suite_files = {suite: _resolve(spec, raw_dir) for suite, spec in cfg["eval"].items()}
+        suites = _load_suites(cfg["eval"], raw_dir, cfg["dedupe"]["eval"], suite_files)
+    cfg["eval"] = dict(suites.specs)
+    suite_records = suites.records
 
-    sources: dict[str, list[dict[str, Any]] | dict[str, Any]] = {"train": [], "eval": {}}
-    dedupe_report: dict[str, Any] = {"train": None, "eval": {}}
-
-    suites: dict[str, Records] = {}
-    for suite, spec in cfg["eval"].items():
-        stats: dict[str, int] = {}
-        deduper = Deduper()
-        records = []
-        for rec in iter_dataset(spec["dataset"], suite_files[suite], split=suite, stats=stats, **spec["options"]):
-            if deduper.add(rec) or not cfg["dedupe"]["eval"]:
-                records.append(rec)
-        suites[suite] = records
-        dedupe_report["eval"][suite] = {**deduper.report(), "applied": cfg["dedupe"]["eval"]}
-        sources["eval"][suite] = _source_entry(spec, suite_files[suite], raw_dir, stats, len(records))
-        log.info("suite %s: %d records from %s", suite, len(records), spec["dataset"])
+    sources: dict[str, list[dict[str, Any]] | dict[str, Any]] = {"train": [], "eval": dict(suites.sources)}
+    dedupe_report: dict[str, Any] = {"train": None, "eval": dict(suites.dedupe)}
 
     deduper = Deduper()
     train: Records = []
-    for spec, files in zip(cfg["train"], train_files):
+    for i, (spec, files) in enumerate(zip(cfg["train"], train_files)):
         stats = {}
-        n_before = len(train)
+        kept: Records = []
         for rec in iter_dataset(spec["dataset"], files, split="train", stats=stats, **spec["options"]):
             if deduper.add(rec) or not cfg["dedupe"]["train"]:
-                train.append(rec)
-        sources["train"].append(_source_entry(spec, files, raw_dir, stats, len(train) - n_before))
+                kept.append(rec)
+        kept = _sample(kept, spec["sample"], f"train[{i}] ({spec['dataset']})")
+        train += kept
+        sources["train"].append(_source_entry(spec, files, raw_dir, stats, len(kept)))
         log.info("train: %d rows of %s -> %d kept so far", stats.get("rows", 0), spec["dataset"], len(train))
     dedupe_report["train"] = {**deduper.report(), "applied": cfg["dedupe"]["train"]}
 
     contamination: dict[str, Any] | None = None
-    if cfg["contamination"]["enable"] and suites:
+    (out_dir / "contamination_report.json").unlink(missing_ok=True)
+    if cfg["contamination"]["enable"] and suite_records:
         c = cfg["contamination"]
         train, contamination = check_contamination(
-            train, suites, n=c["ngram"], min_overlap=c["min_overlap"], action=c["action"],
+            train, suite_records, n=c["ngram"], min_overlap=c["min_overlap"], action=c["action"],
             report_path=out_dir / "contamination_report.json",
         )
 
@@ -266,19 +354,19 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
     files: dict[str, str] = {}
     verl_files: dict[str, str] = {}
     verl_skipped: dict[str, str] = {}
-    for name, records in {**splits, **suites}.items():
+    for name, records in {**splits, **(suite_records if write_suites else {})}.items():
         rel = f"{name}.parquet" if name in splits else f"suites/{name}.parquet"
         write_records(records, out_dir / rel)
         files[name] = rel
         kinds = {get_dataset(r["source"]).kind for r in records}
         if kinds <= set(WRITABLE_KINDS):
-            write_verl_parquet(records, out_dir / "verl" / rel, template=template)
-            verl_files[name] = f"verl/{rel}"
+            write_verl_parquet(records, verl_dir / rel, template=template)
+            verl_files[name] = _rel(verl_dir / rel, out_dir)
         else:
             verl_skipped[name] = f"no verl prompt template for kind(s) {sorted(kinds - set(WRITABLE_KINDS))}"
 
     written = {name: read_records(out_dir / rel) for name, rel in files.items()}
-    written_suites = {name: written[name] for name in suites}
+    written_suites = {name: written.get(name, suite_records[name]) for name in suite_records}
     overlap = {"train": _overlap(written["train"], written_suites)}
     if val:
         overlap["val"] = _overlap(written["val"], {**written_suites, "train": written["train"]})
@@ -292,9 +380,10 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
     if leaks:
         raise RuntimeError(f"prepared splits share normalised questions: {leaks}")
 
-    counts = {name: len(records) for name, records in written.items()}
+    everything = {**written_suites, **written}
+    counts = {name: len(records) for name, records in everything.items()}
     max_prompt = {name: max(len(render_prompt(r["question"], template)) for r in recs)
-                  for name, recs in written.items() if recs}
+                  for name, recs in everything.items() if recs}
     report = {
         "name": cfg["name"],
         "template": template,
