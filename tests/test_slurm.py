@@ -92,8 +92,9 @@ def test_profile_is_complete_and_commented():
     assert prof["executor"] == "slurm" and prof["slurm-status-command"] == "squeue"
     assert prof["slurm-requeue"] is True and prof["retries"] >= 1
     sets = prof["set-resources"]
-    assert all(sets[r].get("gpu", 0) >= 1 for r in ("warmup", "train", "evaluate", "evaluate_decode", "diagnose",
-                                                     "analysis"))
+    assert all(sets[r].get("gpu", 0) >= 1 for r in ("warmup", "evaluate", "evaluate_decode", "diagnose", "analysis"))
+    # a training job's nodes and GPUs come from its run's config (rule resources); the profile must not override them
+    assert "gpu" not in sets["train"] and "nodes" not in sets["train"]
     assert all("gpu" not in sets.get(r, {}) and "gres" not in sets.get(r, {})
                for r in ("init_tracking", "prepare_data", "table", "ledger", "figure", "token_credit_figure"))
     assert "gpu" not in prof["default-resources"]
@@ -127,7 +128,9 @@ def test_snakemake_reads_the_profile(tmp_path):
     for rule, res in re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M):
         per_rule[rule] = dict(kv.split("=", 1) for kv in res.split(", "))
     assert set(per_rule) == set(EXPECTED_RULES), out[-3000:]
-    assert per_rule["train"]["gpu"] == "8" and per_rule["train"]["slurm_partition"] == "CHANGE_ME_gpu_partition"
+    # micro: one GPU per run (the rule's own value: at paper scale, the run's model.verl nodes x GPUs)
+    assert per_rule["train"]["gpu"] == "1" and per_rule["train"]["nodes"] == "1"
+    assert per_rule["train"]["slurm_partition"] == "CHANGE_ME_gpu_partition"
     assert per_rule["evaluate"]["gpu"] == "1" and per_rule["train"]["mem_mb"] == "400000"  # rule's 3000 replaced
     for rule in ("init_tracking", "prepare_data", "table"):
         assert "gpu" not in per_rule[rule] and per_rule[rule]["slurm_partition"] == "CHANGE_ME_cpu_partition", rule
