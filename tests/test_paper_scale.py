@@ -220,21 +220,6 @@ def test_analysis_params_are_read_without_importing_the_kinds():
 # ------------------------------------------------------------------------------------------------ the launcher
 
 
-def _plugin_overrides():
-    """The verl plug-in's own overrides if its module is in this checkout, else a STAND-IN (clearly not the plug-in:
-    creditlab.engines.verl.plugin is being written beside this work) with the shape the launcher expects."""
-    try:
-        from creditlab.engines.verl.plugin import plugin_overrides  # noqa: PLC0415
-
-        return plugin_overrides, "plugin"
-    except ImportError:
-        def stand_in(run_cfg):  # STAND-IN for plugin_overrides(run_cfg), used only while plugin.py is absent
-            return [f"+creditlab.method={run_cfg['method']['name']}",
-                    "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"]
-
-        return stand_in, "stand-in"
-
-
 @pytest.fixture(scope="module")
 def a_run_cfg(paper_plan):
     return run_config(paper_plan.get("qwen3-8b-base", "delta", 0))
@@ -359,12 +344,24 @@ def _vllm_free_lora_check(monkeypatch):
     return module
 
 
+LOCAL_ENGINE_ONLY = {"paper/qwen3-1.7b-base/sign-partitioned/s0"}
+"""The paper-scale runs the verl engine cannot express (creditlab.engines.verl.plugin.LocalEngineOnly): Paper C's
+sign-partitioned control (trainer.batching=sign_partitioned: unequal mini-batches, verl cuts equal ones). Its row
+trains with the local engine only; every other paper-scale run composes with the plug-in."""
+
+
 def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch):
-    """Each of the 110 paper-scale training runs: its verl command's overrides compose with verl 0.9.1's own
-    `ppo_trainer` Hydra config and pass what verl checks at start-up on CPU: main_ppo's validate_config, the config
-    dataclasses its trainer and workers build (actor, ref, rollout, model, algorithm, checkpoint engine, skip,
-    distillation, critic when used), the dynamic-sampling metric, the custom reward function and the reward manager."""
+    """Each of the 110 paper-scale training runs: its verl command's overrides, the verl plug-in's own included
+    (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
+    what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
+    build (actor, ref, rollout, model, algorithm, checkpoint engine, skip, distillation, critic when used), the
+    dynamic-sampling metric, the custom reward function and the reward manager; and what creditlab's verl trainer
+    checks at start-up (CreditlabTrainer._setup_creditlab: batching, whole groups for the group-coupled losses). The
+    only runs the plug-in refuses are LOCAL_ENGINE_ONLY (plugin.LocalEngineOnly, with its reason)."""
     from omegaconf import OmegaConf
+
+    from creditlab.engines.verl.plugin import LocalEngineOnly, local_engine_only, needs_group_ids, plugin_overrides
+    from creditlab.engines.verl.trainer import CreditlabTrainer
 
     from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -378,7 +375,6 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
 
     t0 = time.perf_counter()
     lora_rank = _vllm_free_lora_check(monkeypatch)
-    plugin, which = _plugin_overrides()
     runs = [r for r in paper_plan.runs.values() if r.trains]
     assert len(runs) == 110
     with CachedComposer(CONFIG_DIR, "run") as composer:
@@ -386,13 +382,27 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     models = {c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
               for c in run_cfgs}
     stand_ins = _stand_in_models(tmp_path / "models", models)
-    checked_models, checked_rewards, seen, multi_node = {}, {}, set(), 0
+    checked_models, checked_rewards, seen, refused, built, multi_node = {}, {}, set(), {}, {}, 0
+
+    def dataclass_of(node, dataclass_type=None):
+        """verl's omega_conf_to_dataclass, once per distinct (resolved) config section: runs share most sections,
+        and an identical section builds the identical dataclass (a third of this test's time otherwise)."""
+        key = (json.dumps(OmegaConf.to_container(node), sort_keys=True, default=str), dataclass_type)
+        if key not in built:
+            built[key] = omega_conf_to_dataclass(node, dataclass_type=dataclass_type)
+        return built[key]
+
     with CachedComposer(VERL_CONFIG_DIR, "ppo_trainer") as verl_composer:
         for cfg in run_cfgs:
-            key, t = cfg["run"]["key"], cfg["trainer"]
+            key, t, m = cfg["run"]["key"], cfg["trainer"], cfg["method"]
             rp = launch.RunPaths.of(cfg, tmp_path / "results", model_path=str(stand_ins[cfg["model"]["name"]]))
+            if local_engine_only(cfg) is not None:
+                with pytest.raises(LocalEngineOnly, match="local engine only") as err:
+                    launch.verl_command(cfg, rp, plugin_overrides=plugin_overrides)
+                refused[key] = str(err.value)
+                continue
             argv, env = launch.verl_command(cfg, rp, mlflow_run_id="0" * 32, tracking_uri="http://mlflow.invalid",
-                                            plugin_overrides=plugin)
+                                            plugin_overrides=plugin_overrides)
             v = cfg["model"]["verl"]
             if v["nnodes"] > 1:  # multi-node: the driver runs under the Ray-on-SLURM bootstrap
                 assert argv[1:6] == ["-m", launch.RAY_SLURM, "--gpus-per-node", str(v["n_gpus_per_node"]), "--"]
@@ -406,8 +416,8 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             OmegaConf.resolve(conf)  # the TaskRunner resolves the config before building the trainer
             # the dataclasses the trainer and its workers build from it
             arr = conf.actor_rollout_ref
-            assert isinstance(omega_conf_to_dataclass(arr.actor), ActorConfig)
-            rollout = omega_conf_to_dataclass(arr.rollout)
+            assert isinstance(dataclass_of(arr.actor), ActorConfig)
+            rollout = dataclass_of(arr.rollout)
             assert isinstance(rollout, RolloutConfig) and rollout.n == t["group_size"] and rollout.name == "vllm"
             ref = OmegaConf.create(OmegaConf.to_container(arr.ref))  # as engine_workers.init_model reshapes the ref
             ref.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
@@ -415,13 +425,13 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
             ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
             ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
-            assert isinstance(omega_conf_to_dataclass(ref), ActorConfig)
-            assert isinstance(omega_conf_to_dataclass(conf.algorithm), AlgoConfig)
-            omega_conf_to_dataclass(arr.rollout.checkpoint_engine)
-            omega_conf_to_dataclass(conf.skip, dataclass_type=SkipManagerConfig)
-            omega_conf_to_dataclass(conf.distillation)
+            assert isinstance(dataclass_of(ref), ActorConfig)
+            assert isinstance(dataclass_of(conf.algorithm), AlgoConfig)
+            dataclass_of(arr.rollout.checkpoint_engine)
+            dataclass_of(conf.skip, dataclass_type=SkipManagerConfig)
+            dataclass_of(conf.distillation)
             if need_critic(conf):
-                omega_conf_to_dataclass(conf.critic)
+                dataclass_of(conf.critic)
             metric = PPOTrainer._resolve_filter_groups_metric(SimpleNamespace(config=conf))
             assert metric == ("acc" if t["dynamic_sampling"] else None)
             if arr.model.get("lora_rank", 0) > 0:
@@ -451,12 +461,27 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             assert conf.trainer.total_training_steps == t["steps"]
             assert conf.data.train_batch_size == t["prompts_per_step"]
             assert conf.data.max_response_length == t["max_new_tokens"] and arr.actor.optim.lr == t["lr"]
-            assert conf.trainer.n_gpus_per_node * conf.trainer.nnodes >= 1 and conf.algorithm.adv_estimator == "grpo"
+            assert conf.trainer.n_gpus_per_node * conf.trainer.nnodes >= 1
+            # the plug-in's registrations, selected as verl reads them
+            assert conf.algorithm.adv_estimator == f"creditlab_{m['advantage']}"
+            assert arr.actor.policy_loss.loss_mode == f"creditlab_{m['policy_loss']}"
+            assert conf.trainer.v1.trainer_mode == "creditlab_sync" and conf.trainer.use_v1
+            if t["batching"] in ("sequential", "query_preserved"):  # verl's iterator keeps each rank's order
+                assert arr.actor.shuffle is False
+            assert conf.trainer.balance_batch is (t["batching"] != "sequential")
+            trainer = object.__new__(CreditlabTrainer)  # creditlab's trainer start-up checks on this config
+            trainer.config, trainer.run_cfg = conf, cfg
+            trainer._setup_creditlab()
+            assert trainer.group_coupled == needs_group_ids(m["policy_loss"]) and trainer.group_size == t["group_size"]
+            if trainer.group_coupled:  # a micro-batch holds G whole sequences
+                assert arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * \
+                    arr.actor.ulysses_sequence_parallel_size >= t["group_size"] * rollout.max_model_len
             seen.add(key)
-    assert len(seen) == 110 and multi_node > 0
+    assert set(refused) == LOCAL_ENGINE_ONLY and len(seen) == 110 - len(LOCAL_ENGINE_ONLY) and multi_node > 0
+    assert all("sign-partitioned mini-batches" in why for why in refused.values())
     elapsed = time.perf_counter() - t0
-    print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} "
-          f"({which} overrides) in {elapsed:.1f} s")
+    print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "
+          f"overrides, {len(refused)} local-engine-only ({', '.join(sorted(refused))}) in {elapsed:.1f} s")
     assert elapsed < 60
 
 

@@ -2,8 +2,10 @@
 
 What runs here for real: verl's policy-loss and advantage registries and its vanilla PPO loss and worker loss
 (``ppo_loss``) with verl's ``FSDPActorConfig``; verl's Hydra config composed with ``plugin_overrides``; the
-V1 trainer's ``_balance_batch`` / ``_compute_advantage`` and verl's dispatch chunking and mini-batch iterator;
-a real TransferQueue (Ray local mode, one storage unit) for the RB sampler; verl's FSDP engine
+V1 trainer's ``_balance_batch`` (QB, sequential) / ``_compute_advantage`` / ``_update_actor`` and verl's dispatch
+chunking, worker input (``_meta_to_realdata``), mini-batch iterator and micro-batching (``prepare_micro_batches``
+with ``force_group_size``); the group-coupled losses (grpo_fix, dfpo) through ``ppo_loss`` with the micro-batch's
+group ids; a real TransferQueue (Ray local mode, one storage unit) for the RB sampler and the batch orders; verl's FSDP engine
 ``forward_step`` on a tiny Qwen3 for the hidden-state capture (the only CPU adaptation: verl's device lookup
 returns "cpu"). What does not run here: verl's Ray worker group, FSDP, vLLM (GPU only).
 """
@@ -105,8 +107,13 @@ def test_every_creditlab_loss_and_advantage_is_in_verls_registries():
         assert fn.__name__ == f"creditlab_{name}" and fn.__module__ == plugin.__name__
     for name in registry.names("advantage"):
         assert core_algos.get_adv_estimator_fn(f"creditlab_{name}").__name__ == f"creditlab_{name}"
-    with pytest.raises(NotImplementedError, match="group ids"):  # group-coupled losses are refused, loudly
-        core_algos.get_policy_loss_fn("creditlab_dfpo")(None, None, None, None)
+    b = _batch()
+    for name in ("dfpo", "grpo_fix"):  # group-coupled: outside the worker's with_group_ids they refuse, loudly
+        assert plugin.needs_group_ids(name) and plugin.current_group_ids() is None
+        with pytest.raises(ValueError, match="group ids of the micro-batch"):
+            core_algos.get_policy_loss_fn(f"creditlab_{name}")(b.old, b.new, b.adv[:, None] * b.mask, b.mask.bool(),
+                                                               loss_agg_mode="seq-mean-token-mean")
+    assert not plugin.needs_group_ids("dapo") and not plugin.needs_group_ids("gspo")
 
 
 @pytest.mark.parametrize("agg,dp", [("token-mean", 1), ("token-mean", 2), ("seq-mean-token-mean", 1),
@@ -199,6 +206,150 @@ def test_verl_worker_loss_path_with_our_loss_mode(tmp_path, monkeypatch):
     assert losses["vanilla"] == pytest.approx(losses["creditlab_dapo"], abs=1e-6) and losses["vanilla"] != 0.0
 
 
+def _rank_minibatch(loss, n_groups=4, seed=0, dtype=torch.float64):
+    """A PPO mini-batch as verl's workers hold it (fields from TransferQueue, nested; the prompt ``uid`` of every
+    rollout; whole groups of GROUP consecutive rows), and the current policy's response log-probs (a leaf,
+    padded). DFPO's trust region (GSPO's 3e-4 / 4e-4) needs sequence ratios within ~1e-3 of 1; GRPO-fix's
+    (0.2) needs token ratios spread beyond it."""
+    g = torch.Generator().manual_seed(seed)
+    B = n_groups * GROUP
+    P = torch.randint(2, 6, (B,), generator=g).tolist()
+    R = torch.randint(3, 10, (B,), generator=g).tolist()
+    T = max(R)
+    mask = (torch.arange(T)[None] < torch.tensor(R)[:, None]).to(dtype)
+    old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    if loss == "dfpo":
+        new = old + (torch.rand(B, 1, generator=g, dtype=dtype) - 0.5) * 1.6e-3 + torch.randn(B, T, generator=g,
+                                                                                              dtype=dtype) * 2e-4
+    else:
+        new = old + torch.randn(B, T, generator=g, dtype=dtype) * 0.3
+    rewards = torch.randint(0, 2, (B,), generator=g).to(dtype)
+    gids = torch.arange(B) // GROUP
+    adv = registry.get("advantage", "grpo")(rewards, gids)[:, None] * mask
+    uids = [uuid.UUID(int=int(torch.randint(0, 2**62, (1,), generator=g))).hex for _ in range(n_groups)]
+    prompts = [torch.randint(3, 50, (p,), generator=g) for p in P]
+    resps = [torch.randint(3, 50, (r,), generator=g) for r in R]
+    td = TensorDict({"input_ids": _nt(torch.cat([a, b]) for a, b in zip(prompts, resps)), "prompts": _nt(prompts),
+                     "responses": _nt(resps), "response_mask": _nt(mask[i, :n] for i, n in enumerate(R)),
+                     "old_log_probs": _nt(old[i, :n] for i, n in enumerate(R)),
+                     "advantages": _nt(adv[i, :n] for i, n in enumerate(R)), "row": torch.arange(B)},
+                    batch_size=[B])
+    td["uid"] = tu.get_tensordict({"uid": [uids[int(i)] for i in gids]})["uid"]
+    return SimpleNamespace(td=td, P=P, R=R, mask=mask, old=old, new=new, adv=adv, gids=gids, B=B)
+
+
+def _verl_loss_path(mb, loss, agg, dp, force_group, budget):
+    """The actor update's loss path of verl 0.9.1 on each rank's share of ``mb`` (rows split into ``dp`` contiguous
+    rank chunks, as verl's dispatch): the non-tensor fields ``train_batch`` / ``forward_backward_batch`` set
+    (dynamic batch sizes, the token budget, dp_size, the global token count, global_batch_size = the mini-batch's
+    rollouts), verl's ``prepare_micro_batches`` (with the trainer's ``force_group_size``), and per micro-batch
+    the worker's loss: ``plugin.with_group_ids(partial(ppo_loss, config))`` on the model output (full-sequence
+    log-probs, as the engine's ``forward_step``). Returns [(rows, loss, d loss / d log-probs Tensor[B, T])] per
+    micro-batch."""
+    from functools import partial
+
+    from verl.workers.engine.utils import prepare_micro_batches
+    from verl.workers.utils.losses import ppo_loss
+
+    cfg = _actor_config(agg, loss_mode=f"creditlab_{loss}")
+    fn = plugin.with_group_ids(partial(ppo_loss, config=cfg))
+    out = []
+    for rank_rows in torch.arange(mb.B).chunk(dp):
+        data = tu.index_select_tensor_dict(mb.td, rank_rows)
+        tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=budget, force_group_size=force_group,
+                             dp_size=dp, batch_num_tokens=int(mb.mask.sum()), global_batch_size=mb.B)
+        micro_batches, _ = prepare_micro_batches(data)
+        for micro in micro_batches:
+            rows = micro["row"].tolist()
+            leaf = mb.new.clone().requires_grad_(True)
+            full = [torch.cat([torch.zeros(mb.P[i] - 1, dtype=leaf.dtype), leaf[i, :mb.R[i]],
+                               torch.zeros(1, dtype=leaf.dtype)]) for i in rows]
+            value, _ = fn(model_output={"log_probs": _nt(full)}, data=micro, dp_group=None)
+            out.append((rows, value.detach(), torch.autograd.grad(value, leaf)[0]))
+    return out
+
+
+@pytest.mark.parametrize("loss,agg,dp", [("dfpo", "seq-mean-token-mean", 1), ("dfpo", "seq-mean-token-mean", 2),
+                                         ("dfpo", "token-mean", 2), ("grpo_fix", "seq-mean-token-mean", 1),
+                                         ("grpo_fix", "seq-mean-token-mean", 2), ("grpo_fix", "token-mean", 2)])
+def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, loss, agg, dp):
+    """creditlab_grpo_fix / creditlab_dfpo through verl's real actor loss path (prepare_micro_batches with dynamic
+    batch sizes and the trainer's force_group_size = G, ppo_loss inside the worker's with_group_ids, dp ranks)
+    equal creditlab's grpo_fix_loss / dfpo_loss called directly, loss and gradient: per micro-batch on its rows
+    with its group ids (normalised as verl normalises a micro-batch: by the mini-batch: ``denom`` = tokens / dp
+    for token-mean, x rows dp / rollouts for the seq-mean modes), and summed over micro-batches and averaged over
+    ranks (FSDP), on the whole mini-batch with all its group ids (the local engine's loss). Without
+    force_group_size verl's micro-batching splits groups and the loss is a different one."""
+    cfg = _run_cfg(loss, [f"method.loss_kwargs.agg={agg}"])
+    monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, cfg))
+    kw = {k: v for k, v in cfg["method"]["loss_kwargs"].items() if k != "agg"}
+    direct = registry.get("policy_loss", loss)
+
+    def creditlab(rows, **extra):
+        leaf = mb.new[rows].clone().requires_grad_(True)
+        value, stats = direct(leaf, mb.old[rows], mb.adv[rows], mb.mask[rows], group_ids=mb.gids[rows], agg=agg,
+                              **extra, **kw)
+        return value, torch.autograd.grad(value, leaf)[0], stats
+
+    mb = _rank_minibatch(loss, n_groups=6)
+    budget = 2 * GROUP * max(p + r for p, r in zip(mb.P, mb.R))  # two groups always fit; several micro-batches
+    micro = _verl_loss_path(mb, loss, agg, dp, GROUP, budget)
+    n_groups = [len({int(mb.gids[i]) for i in r}) for r, _, _ in micro]
+    assert len(micro) > dp and max(n_groups) > 1  # several micro-batches per rank, some with several groups
+    assert all(n * GROUP == len(r) for n, (r, _, _) in zip(n_groups, micro))  # only whole groups
+    d_micro = []
+    for rows, value, grad in micro:  # each micro-batch against the direct call on it
+        idx = torch.tensor(rows)
+        denom = float(mb.mask.sum()) / dp if agg == "token-mean" else None
+        scale = 1.0 if agg == "token-mean" else len(rows) * dp / mb.B
+        v, g, _ = creditlab(idx, denom=denom)
+        d_micro += [(value - v * scale).abs().item(), (grad[idx] - g * scale).abs().max().item()]
+        assert grad[[i for i in range(mb.B) if i not in rows]].abs().max() == 0
+    total = sum(v for _, v, _ in micro) / dp  # what the optimizer step sees (FSDP averages over ranks)
+    total_grad = sum(g for _, _, g in micro) / dp
+    ref, ref_grad, stats = creditlab(torch.arange(mb.B))  # the local engine: the whole mini-batch at once
+    d_loss, d_grad = (total - ref).abs().item(), (total_grad - ref_grad).abs().max().item()
+    with capsys.disabled():
+        print(f"\n{loss} {agg} dp={dp}, {len(micro)} micro-batches: max |diff| per micro-batch {max(d_micro):.1e}; "
+              f"mini-batch loss {d_loss:.1e}, gradient {d_grad:.1e} (loss {ref.item():.3e}, "
+              f"max |grad| {ref_grad.abs().max().item():.1e})")
+    assert ref.abs() > 1e-6 and ref_grad.abs().max() > 1e-6
+    assert max(d_micro) < 1e-12 and d_loss < 1e-12 and d_grad < 1e-12
+    if loss == "dfpo":
+        assert stats["dfpo_cancel_rel_before"] > 1e-3 and stats["dfpo_cancel_rel_after"] < 1e-9  # the transform acts
+    else:
+        assert 0 < stats["grpo_fix_pruned_frac"] < 1
+    # without force_group_size verl's token-balanced micro-batches split groups: a different loss
+    split = _verl_loss_path(mb, loss, agg, dp, 1, budget)
+    assert any(len({int(mb.gids[i]) for i in r}) * GROUP != len(r) for r, _, _ in split)
+    assert (sum(g for _, _, g in split) / dp - ref_grad).abs().max() > 1e-6
+
+
+def test_worker_installs_the_group_ids_wrapper_for_group_coupled_losses():
+    """CreditlabActorRolloutRefWorker.init_model (after verl's) wraps the actor's ppo_loss with with_group_ids for
+    a group-coupled loss_mode only, and hands it to the actor's TrainingWorker; idempotent."""
+    from omegaconf import OmegaConf
+
+    class _Actor:
+        def set_loss_fn(self, fn):
+            self.loss_fn = fn
+
+    for mode, wrapped in (("creditlab_dfpo", True), ("creditlab_grpo_fix", True), ("creditlab_dapo", False),
+                          ("vanilla", False)):
+        inner = (lambda model_output, data, dp_group=None: (model_output, plugin.current_group_ids()))
+        worker = SimpleNamespace(actor=_Actor(), loss_fn=inner,
+                                 config=OmegaConf.create({"actor": {"policy_loss": {"loss_mode": mode}}}))
+        assert vworkers.install_group_ids(worker) is wrapped
+        assert (worker.loss_fn is inner) is not wrapped and getattr(worker.actor, "loss_fn", None) is \
+            (worker.loss_fn if wrapped else None)
+        if wrapped:
+            data = TensorDict({}, batch_size=[3])
+            data["uid"] = tu.get_tensordict({"uid": ["b", "a", "b"]})["uid"]
+            _, seen = worker.loss_fn(model_output=1, data=data, dp_group=None)
+            assert seen.tolist() == [1, 0, 1] and plugin.current_group_ids() is None
+            assert vworkers.install_group_ids(worker) is False  # already wrapped
+
+
 def test_creditlab_grpo_estimator_equals_verls_grpo_through_compute_advantage(tmp_path, monkeypatch):
     from verl.protocol import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
@@ -247,6 +398,7 @@ RUNS = {
     "qb": ("dapo", ["trainer.batching=query_preserved"]),
     "rb": ("dapo", ["trainer.reward_balance.enable=true"]),
     "arca": ("arca", []),
+    "dfpo-seq": ("dfpo", ["trainer.batching=sequential"]),
 }
 
 
@@ -266,7 +418,9 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
     assert actor.policy_loss.loss_mode == f"creditlab_{cfg['method']['policy_loss']}"
     assert verl_cfg.algorithm.adv_estimator == f"creditlab_{cfg['method']['advantage']}"
     assert actor.loss_agg_mode == cfg["method"]["loss_kwargs"]["agg"]
-    assert actor.shuffle is False if run == "qb" else True
+    if run in ("qb", "dfpo-seq"):  # (verl's default is false too: the plug-in does not rely on it)
+        assert actor.shuffle is False
+    assert verl_cfg.trainer.balance_batch is (run != "dfpo-seq")
     sampler = verl_cfg.trainer.v1.sampler
     if run == "rb":
         assert sampler.custom_sampler.name == "RewardBalancedSampler" and sampler.sampler_kwargs.rho == 0.25
@@ -288,14 +442,43 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
 
 
 @pytest.mark.parametrize("method,over,match", [
-    ("dfpo", [], "group ids"),
-    ("dapo", ["trainer.batching=sign_partitioned"], "not supported"),
+    ("dfpo", ["trainer.batching=random"], "couples the rollouts of a group.*'random'"),
+    ("grpo_fix", ["trainer.batching=token_balanced"], "couples the rollouts of a group"),
+    ("grpo", ["trainer.batching=sequential", "trainer.mini_batches=3"], "not a multiple of trainer.mini_batches=3"),
+    ("dapo", ["trainer.batching=sign_partitioned"], "local engine only: sign-partitioned"),
+    ("dapo", ["trainer.batching=nope"], "not supported"),
     ("dapo", ["trainer.reward_balance.enable=true", "trainer.dynamic_sampling=true"], "dynamic sampling"),
     ("arca", ["trainer.lora.enable=false"], "lora.enable"),
 ])
 def test_plugin_overrides_refuses_what_verl_cannot_run(method, over, match):
-    with pytest.raises(ValueError, match=match):
-        plugin.plugin_overrides(_run_cfg(method, over))
+    cfg = _run_cfg(method, over)
+    with pytest.raises(ValueError, match=match) as err:
+        plugin.plugin_overrides(cfg)
+    local_only = "sign_partitioned" in " ".join(over)  # the one kind of run verl cannot express at all
+    assert isinstance(err.value, plugin.LocalEngineOnly) is local_only
+    assert (plugin.local_engine_only(cfg) is not None) is local_only
+
+
+def test_group_coupled_plan_checks_use_the_job_size():
+    """At paper sizes (model.verl), a group-coupled loss needs whole groups per data-parallel rank and a
+    micro-batch budget of G whole sequences: the plug-in refuses the first and raises the second."""
+    import copy
+
+    cfg = _run_cfg("dfpo", ["trainer.batching=sequential"])
+    t = cfg["trainer"]
+    t.update(prompts_per_step=32, mini_batches=4, group_size=16, max_prompt_tokens=1000, max_new_tokens=3000)
+    cfg["model"]["verl"] = {"nnodes": 1, "n_gpus_per_node": 8, "ulysses_sp": 2, "token_len_factor": 2}
+    ov = plugin.plugin_overrides(cfg)  # dp = 4 ranks, 8 prompts per mini-batch: 2 whole groups per rank
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32000" in ov  # 16 x 4000 / sp 2 > the 2 x 4000
+    t["group_size"] = 4
+    assert not any("ppo_max_token_len_per_gpu" in o for o in plugin.plugin_overrides(cfg))  # 4 x 4000 / 2 fits
+    bad = copy.deepcopy(cfg)
+    bad["model"]["verl"]["n_gpus_per_node"] = 6  # dp 3: 8 prompts per mini-batch do not split into whole groups
+    with pytest.raises(ValueError, match="straddle two ranks"):
+        plugin.plugin_overrides(bad)
+    gspo = _run_cfg("gspo", ["trainer.batching=sequential"])
+    gspo["trainer"], gspo["model"]["verl"] = bad["trainer"], bad["model"]["verl"]
+    assert "actor_rollout_ref.actor.shuffle=false" in plugin.plugin_overrides(gspo)  # not group-coupled: fine
 
 
 def test_topk_proxy_is_refused_by_the_worker_with_a_clear_message():
@@ -438,6 +621,7 @@ def _trainer_stub(verl_cfg, dp, **attrs):
     t.config = verl_cfg
     t.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": list(range(dp))})
     t.use_critic, t.global_steps, t.seed, t.tokenizer = False, 1, 0, SimpleNamespace(eos_token_id=2)
+    t.qb, t.sequential, t.group_coupled, t.batching = False, False, False, "token_balanced"
     t.__dict__.update(attrs)
     return t
 
@@ -497,6 +681,121 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     assert split_verl >= 0.25 and scattered_verl == 1.0 and m_verl["creditlab/groups_split_frac"] == split_verl
     for m in (m_verl, m_qb):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] < 0.1 * m["global_seqlen/mean"]
+    _clear_partition(tq)
+
+
+def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):
+    """n_groups finished groups of GROUP rollouts written to TransferQueue with the groups' rollouts interleaved
+    (as verl's agent loop finishes them one by one), with the fields verl's micro-batching reads (input_ids =
+    prompt + response) and ``row`` (the position in the returned keys, to identify rows downstream).
+    Returns (keys in TransferQueue's order, their tags)."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    uids = [uuid.uuid4().hex for _ in range(n_groups)]
+    order = [(g, s) for s in range(GROUP) for g in range(n_groups)]  # round robin over the groups
+    perm = torch.randperm(len(order), generator=generator).tolist()
+    order = [order[i] for i in perm[: len(order) // 3]] + [order[i] for i in sorted(perm[len(order) // 3:])]
+    keys, fields, tags = [], [], []
+    for g, s in order:
+        L = int(torch.randint(5, 60, (1,), generator=generator))
+        keys.append(f"{uids[g]}_{s}_0")
+        fields.append({"rm_scores": torch.tensor([0.0] * (L - 1) + [float(s % 2)]), "uid": uids[g],
+                       "responses": torch.arange(L), "response_mask": torch.ones(L, dtype=torch.int64),
+                       "input_ids": torch.arange(10 + L), "row": torch.tensor(len(keys) - 1)})
+        tags.append({"status": "success", "seq_len": 10 + L, "global_steps": step})
+    tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
+    tq.kv_batch_put(keys=uids, partition_id=partition,
+                    tags=[{"is_prompt": True, "status": "finished", "global_steps": step}] * n_groups)
+    return keys, tags
+
+
+def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue, tmp_path, monkeypatch):
+    """trainer.batching=sequential (Paper E, here with DFPO) on verl: CreditlabTrainer._balance_batch orders the
+    interleaved batch, _update_actor hands verl force_group_size = G, and verl's own dispatch (BatchData.chunk),
+    worker input (_meta_to_realdata: TransferQueue fields + extra_info as non-tensor data), mini-batch iterator
+    (tu.make_iterator with the trainer's dataloader_kwargs) and micro-batching (prepare_micro_batches, dynamic
+    batch sizes) give: optimizer step m = the local engine's sequential mini-batch m of the group-contiguous
+    batch, rows in order; every group whole on one rank and in one micro-batch; the group ids the loss gets."""
+    from transfer_queue import KVBatchMeta
+    from verl.protocol import BatchData
+    from verl.utils.transferqueue_utils import _meta_to_realdata
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    from creditlab.algos.batching import sequential_minibatches
+
+    tq = transfer_queue
+    _clear_partition(tq)
+    dp, prompts, mini = 2, 16, 4  # 16 prompts x 4 rollouts, mini-batches of 4 prompts (4 steps), 2 ranks
+    cfg = _run_cfg("dfpo", ["trainer.batching=sequential", f"trainer.prompts_per_step={prompts}",
+                            f"trainer.mini_batches={prompts // mini}", f"trainer.group_size={GROUP}"])
+    path = _write_cfg(tmp_path, cfg)
+    monkeypatch.setenv(plugin.ENV_RUN_CONFIG, path)
+    budget = GROUP * 70  # tokens per micro-batch (x sp 1): a group (<= 4 x 70) always fits, two rarely do
+    verl_cfg = _verl_cfg([*plugin.plugin_overrides(cfg), f"+creditlab.config_path={path}",
+                          f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+                          f"actor_rollout_ref.rollout.n={GROUP}", "data.max_prompt_length=10",
+                          "data.max_response_length=60", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}"])
+    assert verl_cfg.actor_rollout_ref.actor.shuffle is False and verl_cfg.trainer.balance_batch is False
+    keys, tags = _put_interleaved_groups(tq, prompts, 1, torch.Generator().manual_seed(3))
+    first_seen = list(dict.fromkeys(vtrainer.uid_of(k) for k in keys))
+    assert [vtrainer.uid_of(k) for k in keys] != sorted(keys, key=lambda k: first_seen.index(vtrainer.uid_of(k)))
+
+    t = _trainer_stub(verl_cfg, dp, run_cfg=cfg, use_reference_policy=False)
+    t._setup_creditlab()
+    assert t.sequential and t.group_coupled and t.group_size == GROUP
+    metrics: dict = {}
+    batch = t._balance_batch(KVBatchMeta(keys=list(keys), tags=[dict(x) for x in tags], partition_id="train"),
+                             metrics)
+    assert metrics["creditlab/groups_split_frac"] == 0.0
+
+    seen = {}
+
+    class _ActorGroup:  # verl's worker group: dispatch to the ranks, each rank's input as verl's tqbridge makes it
+        def update_actor(self, meta):
+            for rank, chunk in enumerate(BatchData(meta).chunk(dp)):
+                data = _meta_to_realdata(chunk)
+                mini_per_rank = tu.pop(data, key="mini_batch_size") // dp  # TrainingWorker.train_mini_batch
+                loader = tu.pop(data, key="dataloader_kwargs")
+                seen.setdefault("force_group_size", set()).add(tu.get_non_tensor_data(data, "force_group_size", None))
+                for m, mini_td in enumerate(tu.make_iterator(data, mini_per_rank, epochs=tu.pop(data, key="epochs"),
+                                                             seed=tu.pop(data, key="seed"), dataloader_kwargs=loader)):
+                    tu.assign_non_tensor(mini_td, use_dynamic_bsz=True, max_token_len_per_gpu=budget)  # train_batch
+                    micro, _ = prepare_micro_batches(mini_td)
+                    seen.setdefault(m, []).append((rank, mini_td, micro))
+            return {"metrics": {"mfu": 0.0}}
+
+    t.actor_rollout_wg = _ActorGroup()
+    t.has_filters, t.options = False, plugin.verl_options(cfg)
+    t._update_actor(batch, {})
+    assert seen.pop("force_group_size") == {GROUP} and "force_group_size" not in batch.extra_info
+
+    # the local engine's sequential mini-batches of the group-contiguous batch
+    contiguous = sorted(keys, key=lambda k: first_seen.index(vtrainer.uid_of(k)))  # stable: rollout order kept
+    gids = plugin.group_index([vtrainer.uid_of(k) for k in contiguous])
+    want = [[contiguous[i] for i in mb] for mb in sequential_minibatches(gids, prompts // mini, torch.Generator())]
+    got, n_micro = [], 0
+    for m in sorted(seen):
+        rows = []
+        for rank, mini_td, micro in sorted(seen[m], key=lambda x: x[0]):
+            uids = list(mini_td["uid"])
+            assert len(set(uids)) * GROUP == len(uids)  # whole groups on this rank
+            rows += [keys[int(i)] for i in mini_td["row"]]
+            assert [vtrainer.uid_of(keys[int(i)]) for i in mini_td["row"]] == uids
+            for mb in micro:  # whole groups in every micro-batch, and the group ids the loss will see
+                mb_uids = list(mb["uid"])
+                assert all(mb_uids.count(u) == GROUP for u in mb_uids)
+                ids = plugin.micro_batch_group_ids(mb)
+                assert torch.equal(ids, plugin.group_index(mb_uids)) and ids.unique().numel() * GROUP == len(mb_uids)
+            n_micro += len(micro)
+        got.append(rows)
+    assert got == want  # order kept: step m is the local engine's mini-batch m, rank by rank
+    assert n_micro > len(want) * dp  # the token budget binds: more micro-batches than rank mini-batches
+    # verl's micro-batching without force_group_size splits a group of the same mini-batches
+    _, mini_td, _ = seen[0][0]
+    del mini_td["force_group_size"]
+    micro, _ = prepare_micro_batches(mini_td)
+    assert any(list(mb["uid"]).count(u) < GROUP for mb in micro for u in mb["uid"])
     _clear_partition(tq)
 
 

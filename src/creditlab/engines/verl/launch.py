@@ -171,6 +171,15 @@ def _ppo_mini_batch(t: Mapping[str, Any]) -> int:
     return prompts // mini
 
 
+def token_len_per_gpu(run_cfg: Mapping[str, Any]) -> int:
+    """verl's per-GPU token budget of a (dynamic-batch-size) micro-batch: ceil(model.verl.token_len_factor x
+    (max_prompt_tokens + max_new_tokens)) -> actor.ppo_max_token_len_per_gpu and the log-prob passes' budgets
+    (the plug-in raises the actor's for group-coupled losses, whose micro-batches hold whole groups)."""
+    t = run_cfg["trainer"]
+    factor = float(run_cfg["model"]["verl"]["token_len_factor"])
+    return int(math.ceil(factor * (int(t["max_prompt_tokens"]) + int(t["max_new_tokens"]))))
+
+
 def context_window(model: Mapping[str, Any]) -> int:
     """The context the run may use: the HF config's max_position_embeddings, or its override."""
     override = (model.get("override_config") or {}).get("max_position_embeddings")
@@ -226,7 +235,7 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
     v = m["verl"]
     seed = int(run_cfg["seed"])
     prompt, response = int(t["max_prompt_tokens"]), int(t["max_new_tokens"])
-    token_len = int(math.ceil(float(v["token_len_factor"]) * (prompt + response)))
+    token_len = token_len_per_gpu(run_cfg)
     adv, std_norm = ADVANTAGES[meth.get("advantage", "grpo")]
     o: dict[str, Any] = {
         # data

@@ -28,8 +28,11 @@ select these registrations (and our trainer, sampler, LoRA) for one run.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
+import math
 import os
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -51,6 +54,21 @@ PREFIX = "creditlab_"
 """Prefix of our names in verl's registries: ``creditlab_dapo`` (loss), ``creditlab_grpo`` (advantage)."""
 SAMPLER_PATH = "pkg://creditlab.engines.verl.trainer"
 SAMPLER_NAME = "RewardBalancedSampler"
+GROUP_BATCHINGS = ("sequential", "query_preserved")
+"""trainer.batching values that keep every group whole in one mini-batch and on one rank under verl (the orders
+of ``trainer.CreditlabTrainer._balance_batch``): what a group-coupled loss needs."""
+LOCAL_ENGINE_ONLY_BATCHINGS = {
+    "sign_partitioned": "sign-partitioned mini-batches (Paper C's broken-cancellation control) have unequal sizes "
+                        "(positive vs other rollouts, in proportion to the batch's signs), while verl cuts every "
+                        "rank's data into equal mini-batches of actor.ppo_mini_batch_size prompts",
+}
+"""trainer.batching values only the local engine implements, with the reason (:class:`LocalEngineOnly`)."""
+
+
+class LocalEngineOnly(ValueError):
+    """A run the verl engine cannot express at all (not a configuration slip): it trains with the local engine
+    only. Raised by :func:`plugin_overrides`; :func:`local_engine_only` gives the reason without raising.
+    Paper scale: the one such row is Paper C's ``sign-partitioned`` control (tests/test_paper_scale.py)."""
 
 WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "topk_ids"})
 """CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
@@ -126,6 +144,66 @@ def runs_on_worker(fn: Callable) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------
+# group ids of the micro-batch (group-coupled losses)
+
+
+_GROUP_IDS: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar("creditlab_group_ids", default=None)
+
+
+def needs_group_ids(name: str) -> bool:
+    """Whether creditlab's policy loss ``name`` couples the rollouts of a group (its signature names group_ids)."""
+    return "group_ids" in inspect.signature(registry.get("policy_loss", name)).parameters
+
+
+def loss_name(loss_mode: str) -> str | None:
+    """creditlab's loss name of a verl ``policy_loss.loss_mode`` (``creditlab_dfpo`` -> ``dfpo``); None for verl's."""
+    if not loss_mode.startswith(PREFIX):
+        return None
+    name = loss_mode[len(PREFIX):]
+    return name if name in registry.names("policy_loss") else None
+
+
+@contextmanager
+def group_ids_of_micro_batch(group_ids: Tensor):
+    """While active, :func:`current_group_ids` returns ``group_ids`` (Tensor[B] of the micro-batch's rows)."""
+    token = _GROUP_IDS.set(group_ids)
+    try:
+        yield
+    finally:
+        _GROUP_IDS.reset(token)
+
+
+def current_group_ids() -> Tensor | None:
+    """The group ids of the micro-batch whose loss verl is computing (set by :func:`with_group_ids`), else None."""
+    return _GROUP_IDS.get()
+
+
+def micro_batch_group_ids(data: Any) -> Tensor:
+    """Tensor[B] long group ids of a verl micro-batch (TensorDict) from its ``uid`` field (verl's prompt uid per
+    rollout; a non-tensor stack that ``tu.index_select_tensor_dict`` / ``chunk_tensordict`` slice row by row)."""
+    if "uid" not in data.keys():  # noqa: SIM118 - a TensorDict has no `in`
+        raise ValueError("the micro-batch has no `uid` field (verl's prompt uid of every rollout): a group-coupled "
+                         "policy loss cannot tell the groups apart")
+    return group_index(list(data["uid"]))
+
+
+def with_group_ids(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's worker loss ``loss_fn`` (``functools.partial(verl.workers.utils.losses.ppo_loss, config=...)``,
+    called by the engine's ``forward_step`` as ``loss_fn(model_output=..., data=micro_batch, dp_group=...)``)
+    with the micro-batch's group ids (:func:`micro_batch_group_ids`) visible to the registered policy loss
+    for the duration of the call (:func:`current_group_ids`). Everything else is verl's ``ppo_loss``."""
+
+    def loss(*args: Any, **kwargs: Any):
+        data = kwargs["data"] if "data" in kwargs else args[1]
+        with group_ids_of_micro_batch(micro_batch_group_ids(data)):
+            return loss_fn(*args, **kwargs)
+
+    loss.creditlab_group_ids = True  # type: ignore[attr-defined]
+    loss.__wrapped__ = loss_fn  # type: ignore[attr-defined]
+    return loss
+
+
+# ------------------------------------------------------------------------------------------------------
 # policy losses
 
 
@@ -161,15 +239,14 @@ def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[...
     A_i times any credit weights, already folded in) and calls ``registry.get("policy_loss", name)`` with
     ``loss_kwargs`` (None: the run config's ``method.loss_kwargs``, :func:`method_kwargs`), the aggregation
     ``loss_agg_mode`` and verl's global normalisers from ``config.global_batch_info`` (:func:`_global_scale`).
+    A group-coupled loss (``needs_group_ids``: grpo_fix, dfpo) also gets ``group_ids`` = :func:`current_group_ids`
+    (the micro-batch's groups; ValueError outside :func:`with_group_ids`); its groups must be whole in the
+    micro-batch (the trainer's order and verl's ``force_group_size``), so that the per-micro-batch loss, rescaled
+    by verl's global normalisers, is the mini-batch's loss restricted to those groups.
     Metrics are verl's style: ``actor/<stat>`` (and ``actor/pg_clipfrac`` for our ``clipfrac``).
     """
     fn = registry.get("policy_loss", name)
-    if "group_ids" in inspect.signature(fn).parameters:
-        def refuse(*args, **kwargs):
-            raise NotImplementedError(f"policy loss {name!r} couples the rollouts of a group (it needs group ids); "
-                                      "verl's policy-loss interface passes none: not supported on the verl engine")
-        refuse.__name__ = refuse.__qualname__ = f"{PREFIX}{name}"
-        return refuse
+    grouped = needs_group_ids(name)
 
     def loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
              loss_agg_mode: str = "token-mean", config: Any = None, rollout_is_weights: Tensor | None = None):
@@ -186,6 +263,15 @@ def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[...
         mask = response_mask.to(log_prob.dtype)
         info = dict(getattr(config, "global_batch_info", None) or {})
         denom, scale = _global_scale(mask, agg, info)
+        if grouped:
+            gids = current_group_ids()
+            if gids is None:
+                raise ValueError(f"policy loss {name!r} couples the rollouts of a group and needs the group ids of the "
+                                 "micro-batch: verl's ppo_loss must run inside plugin.with_group_ids (creditlab's "
+                                 "worker, workers.CreditlabActorRolloutRefWorker, installs it)")
+            if gids.shape != log_prob.shape[:1]:
+                raise ValueError(f"{gids.numel()} group ids for a micro-batch of {log_prob.shape[0]} rows")
+            kwargs["group_ids"] = gids.to(log_prob.device)
         value, stats = fn(log_prob, old_log_prob, advantages, mask, agg=agg, denom=denom, **kwargs)
         metrics = {f"actor/{k}": v for k, v in stats.items()}
         if "clipfrac" in stats:
@@ -293,6 +379,75 @@ def _check_inputs(run_cfg: dict) -> None:
                 raise ValueError(f"{kind} {fn.__name__} needs {missing}, which the verl engine does not provide{hint}")
 
 
+def local_engine_only(run_cfg: dict) -> str | None:
+    """Why the verl engine cannot run ``run_cfg`` at all (it trains with the local engine only), or None.
+
+    Today: a ``trainer.batching`` of :data:`LOCAL_ENGINE_ONLY_BATCHINGS` (``sign_partitioned``)."""
+    batching = run_cfg["trainer"].get("batching", "random")
+    reason = LOCAL_ENGINE_ONLY_BATCHINGS.get(batching)
+    if reason is None:
+        return None
+    return (f"trainer.batching={batching!r} runs on the local engine only: {reason}, so the partition cannot be "
+            "expressed on the verl engine")
+
+
+def _verl_sizes(run_cfg: dict) -> tuple[int, int] | None:
+    """(data-parallel ranks, Ulysses sp) of the actor from the run config's ``model.verl`` (the launcher's job
+    size), or None when the run config has none (tiny / micro backbones)."""
+    v = (run_cfg.get("model") or {}).get("verl")
+    if not v:
+        return None
+    sp = int(v["ulysses_sp"])
+    return int(v["nnodes"]) * int(v["n_gpus_per_node"]) // sp, sp
+
+
+def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
+    """The batching part of :func:`plugin_overrides` (see there); raises ValueError for what verl cannot keep."""
+    t = run_cfg["trainer"]
+    actor = "actor_rollout_ref.actor"
+    batching = t.get("batching", "random")
+    if batching not in ("random", "token_balanced", *GROUP_BATCHINGS):
+        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (verl cuts equal-size "
+                         "mini-batches); valid choices: ['random', 'token_balanced', 'query_preserved', 'sequential'] "
+                         "(random and token_balanced both mean verl's own balancing)")
+    grouped = needs_group_ids(loss)
+    if grouped and batching not in GROUP_BATCHINGS:
+        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: every group must be whole in one "
+                         "mini-batch, on one rank and in one micro-batch, which "
+                         f"trainer.batching={batching!r} does not give on verl (verl balances rollouts one by one, "
+                         "scattering groups); valid choices: "
+                         f"{list(GROUP_BATCHINGS)}")
+    out = []
+    if batching in GROUP_BATCHINGS:
+        out.append(f"{actor}.shuffle=false")  # verl's mini-batch iterator keeps each rank's order
+    if batching == "sequential":
+        out.append("trainer.balance_batch=false")  # the legacy trainer's switch; V1 always calls _balance_batch,
+        #                                           which our trainer overrides with the sequential order
+    if batching not in GROUP_BATCHINGS:
+        return out
+    prompts, mini, g = int(t["prompts_per_step"]), int(t["mini_batches"]), int(t["group_size"])
+    if mini < 1 or prompts % mini:
+        raise ValueError(f"trainer.batching={batching!r} needs equal mini-batches of whole groups, but "
+                         f"trainer.prompts_per_step={prompts} is not a multiple of trainer.mini_batches={mini}")
+    sizes = _verl_sizes(run_cfg)
+    if not grouped or sizes is None:
+        return out
+    dp, sp = sizes
+    if (prompts // mini) % dp:
+        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: a mini-batch of {prompts // mini} "
+                         f"prompts does not split into whole groups over {dp} data-parallel ranks (a group would "
+                         "straddle two ranks); the prompts per mini-batch must be a multiple of the data-parallel size")
+    # micro-batches: the trainer sets verl's force_group_size = G, so dynamic batch sizes never split a group; a
+    # micro-batch then must hold G whole sequences (rearrange_micro_batches raises at run time otherwise); the
+    # launcher's budget is read at plan time only (launch imports the plug-in only when asked)
+    from creditlab.engines.verl.launch import token_len_per_gpu
+
+    need = math.ceil(g * (int(t["max_prompt_tokens"]) + int(t["max_new_tokens"])) / sp)
+    if need > token_len_per_gpu(run_cfg):
+        out.append(f"{actor}.ppo_max_token_len_per_gpu={need}")
+    return out
+
+
 def plugin_overrides(run_cfg: dict) -> list[str]:
     """verl Hydra overrides selecting creditlab's registrations for one run (appended by the launcher).
 
@@ -304,19 +459,28 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
                and verl's own copies of the loss hyperparameters it has fields for (clip_ratio_low/high/c,
                tau_pos/neg: the loss itself reads method.loss_kwargs);
       QB       ``actor_rollout_ref.actor.shuffle=false`` (the trainer then keeps groups whole);
+      sequential ``actor_rollout_ref.actor.shuffle=false`` and ``trainer.balance_batch=false``: the trainer keeps
+               the batch's groups contiguous in their order and lays them out so that verl's dispatch (equal
+               contiguous chunks per rank) and mini-batch iterator (contiguous slices, no shuffle) realise the local
+               engine's sequential mini-batches (``trainer.sequential_order``);
+      group-coupled losses (grpo_fix, dfpo) need QB or sequential, whole groups per rank (prompts per mini-batch a
+               multiple of the data-parallel size) and, since the trainer sets verl's ``force_group_size = G``,
+               a micro-batch budget of G whole sequences: ``actor.ppo_max_token_len_per_gpu`` is raised to
+               ceil(G (max_prompt_tokens + max_new_tokens) / ulysses_sp) where the launcher's is smaller;
       RB       ``trainer.v1.sampler.custom_sampler.{path,name}`` (our sampler) and its ``sampler_kwargs``;
       LoRA     ``actor_rollout_ref.model.lora_rank/lora_alpha/target_modules`` (ARCA's reference pass);
       hidden-state credit (DelTA, ARCA) ``actor_rollout_ref.model.use_fused_kernels=false``.
-    Raises ValueError for what the verl engine cannot run (group-coupled losses, unsupported batchings,
-    credit inputs it does not provide, RB with dynamic sampling).
+    Raises :class:`LocalEngineOnly` for a run verl cannot express (``trainer.batching=sign_partitioned``) and
+    ValueError for what the verl engine cannot run as configured (unsupported batchings, group-coupled losses
+    without whole groups, credit inputs it does not provide, RB with dynamic sampling).
     """
     m, t = run_cfg["method"], run_cfg["trainer"]
     loss, adv = m["policy_loss"], m["advantage"]
-    fn = registry.get("policy_loss", loss)
+    registry.get("policy_loss", loss)
     registry.get("advantage", adv)
-    if "group_ids" in inspect.signature(fn).parameters:
-        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group (it needs group ids); verl's "
-                         "policy-loss interface passes none: not supported on the verl engine")
+    why = local_engine_only(run_cfg)
+    if why is not None:
+        raise LocalEngineOnly(why)
     kw = _resolved_loss_kwargs(loss, dict(m.get("loss_kwargs") or {}))
     if kw.get("agg") not in AGG_MODES:
         raise ValueError(f"loss aggregation {kw.get('agg')!r}; valid choices: {list(AGG_MODES)}")
@@ -335,14 +499,7 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
     mirror = {"eps_low": "clip_ratio_low", "eps_high": "clip_ratio_high", "dual_clip_c": "clip_ratio_c",
               "tau_pos": "tau_pos", "tau_neg": "tau_neg"}
     out += [f"{actor}.{v}={kw[k]}" for k, v in mirror.items() if kw.get(k) is not None]
-
-    batching = t.get("batching", "random")
-    if batching == "query_preserved":
-        out.append(f"{actor}.shuffle=false")
-    elif batching not in ("random", "token_balanced"):
-        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (verl cuts equal-size "
-                         "mini-batches); valid choices: ['random', 'token_balanced', 'query_preserved'] "
-                         "(random and token_balanced both mean verl's own balancing)")
+    out += _batching_overrides(run_cfg, loss)
 
     rb = t.get("reward_balance") or {}
     if rb.get("enable"):

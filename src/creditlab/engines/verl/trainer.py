@@ -9,8 +9,12 @@ on a ``KVBatchMeta`` (keys ``{uid}_{session}_{index}`` of the rollouts in Transf
 * ``_balance_batch``: with ``trainer.batching=query_preserved`` (QB, Paper C) the batch is ordered so that
   verl's own dispatch (contiguous equal chunks per data-parallel rank) and mini-batching (contiguous slices
   of ``ppo_mini_batch_size * n / dp`` rows per rank, ``actor.shuffle=false``) put every group whole into one
-  optimizer step and onto one rank (:func:`qb_order`, built on creditlab's ``partition_bins``); otherwise
-  verl's token balancing. Both log ``creditlab/groups_split_frac`` of the mini-batches verl will cut.
+  optimizer step and onto one rank (:func:`qb_order`, built on creditlab's ``partition_bins``); with
+  ``trainer.batching=sequential`` (Paper E) so that the same dispatch and mini-batching realise creditlab's
+  sequential mini-batches (groups contiguous, in order, no balancing: :func:`sequential_order`); otherwise
+  verl's token balancing (V1 calls ``_balance_batch`` whatever ``trainer.balance_batch`` says). All log
+  ``creditlab/groups_split_frac`` of the mini-batches verl will cut. For a group-coupled loss (grpo_fix, dfpo)
+  the order is checked to hold every group as G consecutive rows of one rank (:func:`groups_aligned`).
 * ``_compute_old_log_prob``: when a credit function needs worker inputs (hidden states) or LoRA's reference
   pass, first writes the sequence advantages A_i to TransferQueue and the credit spec into the batch's
   ``extra_info``, so that the workers (``workers.CreditlabActorRolloutRefWorker``) compute them in the same
@@ -19,7 +23,11 @@ on a ``KVBatchMeta`` (keys ``{uid}_{session}_{index}`` of the rollouts in Transf
   token), folds the credit weights into the per-token advantages and computes the token-filter loss mask
   (``plugin.fold_credit``); logs Paper D's weight Gini / EffN/T and the adapter residual.
 * ``_update_actor``: token filters restrict verl's loss mask (``response_mask`` / ``loss_mask``, the
-  token-mean normaliser) for the update only; optionally a post-update log-prob pass measures token flipping
+  token-mean normaliser) for the update only; a group-coupled loss gets verl's ``force_group_size = G`` in the
+  batch's ``extra_info`` (carried to every rank's mini-batches as non-tensor data and read by
+  ``verl.workers.engine.utils.prepare_micro_batches``: consecutive G rows stay in one micro-batch, with dynamic
+  batch sizes or fixed micro-batches of ``ppo_micro_batch_size_per_gpu`` groups); optionally a post-update
+  log-prob pass measures token flipping
   (Paper C, Algorithm 1: Δ log p of every token after the step's update, ``creditlab/flip/...``).
 * ``_init_resource_pool_mgr``: our worker class in place of verl's ``ActorRolloutRefWorker``.
 
@@ -45,17 +53,25 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from creditlab.algos.batching import RewardBalancedBuffer, groups_split_frac, partition_bins, sign_counts
+from creditlab.algos.batching import (
+    RewardBalancedBuffer,
+    groups_split_frac,
+    partition_bins,
+    sequential_minibatches,
+    sign_counts,
+)
 from creditlab.algos.credit.arca import weight_diagnostics
 from creditlab.algos.credit.base import CreditInputs, credit_inputs_of
 from creditlab.analysis.flipping import flip_fractions
 from creditlab.engines.verl.plugin import (
     ENV_RUN_CONFIG,
+    GROUP_BATCHINGS,
     REF_INPUTS,
     TRAINER_MODE,
     entries,
     fold_credit,
     group_index,
+    needs_group_ids,
     run_config,
     runs_on_worker,
     sequence_advantages,
@@ -130,6 +146,44 @@ def qb_order(group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: 
                          "mini-batch (actor.ppo_mini_batch_size) must be a multiple of the data-parallel size")
     per_rank = [[int(i) for m in range(n_minibatches) for i in bins[m][r]] for r in range(dp_size)]
     return [i for part in per_rank for i in part], per_rank
+
+
+def sequential_order(group_ids: Tensor, n_minibatches: int, dp_size: int) -> tuple[list[int], list[list[int]]]:
+    """Sequential mini-batching (creditlab's ``sequential_minibatches``, Paper E) laid out for verl.
+
+    The batch is first made group-contiguous: groups in order of first appearance, each group's rollouts in
+    their order (verl's sampled batch lists rollouts as TransferQueue received them, so groups may interleave).
+    creditlab's ``sequential_minibatches`` then cuts that order into M contiguous mini-batches; rank r's
+    contiguous chunk holds the r-th of R equal contiguous shards of mini-batch 0, 1, ..., M-1, so verl's
+    dispatch and mini-batch iterator (:func:`verl_minibatches`) realise mini-batch m as optimizer step m, its
+    rows in order (rank 0's shard, then rank 1's, ...). No balancing: the token load per rank is what it is.
+    group_ids: Tensor[B]. Returns (order: permutation of range(B), per-rank index lists).
+    Raises ValueError when the batch does not cut into M equal mini-batches of R equal shards.
+    """
+    B = group_ids.numel()
+    if n_minibatches < 1 or B % (n_minibatches * dp_size):
+        raise ValueError(f"sequential batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches x "
+                         f"{dp_size} ranks (verl would pad the batch with synthetic rollouts)")
+    first: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        first.setdefault(g, []).append(i)
+    seq = torch.tensor([i for rows in first.values() for i in rows], dtype=torch.long)
+    mbs = sequential_minibatches(group_ids[seq], n_minibatches, torch.Generator())
+    if sorted({int(mb.numel()) for mb in mbs}) != [B // n_minibatches]:
+        raise ValueError(f"sequential batching: unequal mini-batches {[int(mb.numel()) for mb in mbs]}")
+    per_rank = [[int(seq[i]) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
+    return [i for part in per_rank for i in part], per_rank
+
+
+def groups_aligned(group_ids: Tensor, dp_size: int, group_size: int) -> bool:
+    """Whether every group is G = ``group_size`` consecutive rows of one rank's contiguous chunk (what verl's
+    ``force_group_size = G`` micro-batching needs to keep each group in one micro-batch): each aligned block of
+    G rows of each rank holds a single group, and no group appears in two blocks. group_ids: Tensor[B]."""
+    B = group_ids.numel()
+    if B % dp_size or (B // dp_size) % group_size:
+        return False
+    blocks = group_ids.reshape(-1, group_size)
+    return bool((blocks == blocks[:, :1]).all()) and blocks[:, 0].unique().numel() == blocks.shape[0]
 
 
 def flip_metrics(delta: Tensor, mask: Tensor, adv: Tensor, eps: float) -> dict[str, float]:
@@ -335,9 +389,27 @@ class CreditlabTrainer(PPOTrainerSync):
         self.worker_pass = bool(self.worker_credit or self.worker_filters or self.fused_ref)
         self.has_credit = bool(credit or filters or self.fused_ref)
         self.has_filters = bool(filters)
-        self.qb = t.get("batching", "random") == "query_preserved"
-        if self.qb and self.config.actor_rollout_ref.actor.shuffle:
-            raise ValueError("query-preserved batching needs actor_rollout_ref.actor.shuffle=false (plugin_overrides)")
+        self.batching = t.get("batching", "random")
+        self.qb, self.sequential = self.batching == "query_preserved", self.batching == "sequential"
+        actor = self.config.actor_rollout_ref.actor
+        if (self.qb or self.sequential) and actor.shuffle:
+            raise ValueError(f"trainer.batching={self.batching} needs actor_rollout_ref.actor.shuffle=false "
+                             "(plugin_overrides)")
+        self.group_size = int(self.config.actor_rollout_ref.rollout.n)
+        self.group_coupled = needs_group_ids(m["policy_loss"])
+        if self.group_coupled:
+            if self.batching not in GROUP_BATCHINGS:
+                raise ValueError(f"policy loss {m['policy_loss']!r} couples the rollouts of a group: "
+                                 f"trainer.batching must be one of {list(GROUP_BATCHINGS)}, got {self.batching!r}")
+            if actor.use_dynamic_bsz:  # verl: max_token_len = per-GPU budget x sp, and a forced group is atomic
+                sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+                data = self.config.data
+                need = self.group_size * (int(data.max_prompt_length) + int(data.max_response_length))
+                if int(actor.ppo_max_token_len_per_gpu) * sp < need:
+                    raise ValueError(f"policy loss {m['policy_loss']!r} needs whole groups in a micro-batch: "
+                                     f"{self.group_size} sequences of up to {need // self.group_size} tokens exceed "
+                                     f"actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} x sp {sp} "
+                                     "(plugin_overrides raises it)")
 
     # -- workers
     def _init_resource_pool_mgr(self):
@@ -359,24 +431,32 @@ class CreditlabTrainer(PPOTrainerSync):
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen",
                        keep_minibatch: bool = False) -> KVBatchMeta:
-        """QB order (:func:`qb_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``."""
+        """QB order (:func:`qb_order`), sequential order (:func:`sequential_order`) or verl's token balancing;
+        logs ``creditlab/groups_split_frac``; a group-coupled loss's order must pass :func:`groups_aligned`."""
         dp = self._actor_dp_size()
-        if self.qb:
+        if self.qb or self.sequential:
             n, mini = len(batch), self._mini_batch_rollouts()
             required = self._get_required_batch_multiple(dp)
             if n % required or n % mini:
-                raise ValueError(f"query-preserved batching needs the rollout batch ({n}) to be a multiple of "
+                raise ValueError(f"trainer.batching={self.batching} needs the rollout batch ({n}) to be a multiple of "
                                  f"{required} (verl would pad it with synthetic rollouts, which are no group)")
             gids = group_index([uid_of(k) for k in batch.keys])
             seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
-            gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
-            order, partitions = qb_order(gids, calculate_workload(seqlen), n // mini, dp, gen)
+            if self.qb:
+                gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
+                order, partitions = qb_order(gids, calculate_workload(seqlen), n // mini, dp, gen)
+            else:
+                order, partitions = sequential_order(gids, n // mini, dp)
             batch.reorder(order)
             metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=partitions,
                                                 prefix=logging_prefix))
         else:
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         gids = group_index([uid_of(k) for k in batch.keys])
+        if self.group_coupled and not groups_aligned(gids, dp, self.group_size):
+            raise ValueError(f"the policy loss couples the rollouts of a group, but the batch's {len(batch)} rollouts "
+                             f"are not whole groups of {self.group_size} consecutive rows per rank (a group has "
+                             "fewer rollouts, or the order splits one): verl's micro-batching would split it")
         mbs = [torch.tensor(rows) for rows in verl_minibatches(len(batch), dp, self._mini_batch_rollouts())]
         metrics["creditlab/groups_split_frac"] = groups_split_frac(mbs, gids)
         return batch
@@ -460,6 +540,15 @@ class CreditlabTrainer(PPOTrainerSync):
 
     # -- the update: token-filter loss mask, then the optional flipping pass
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if not self.group_coupled:
+            return self._update_actor_filtered(batch, metrics)
+        batch.extra_info["force_group_size"] = self.group_size  # verl's: G consecutive rows per micro-batch
+        try:
+            return self._update_actor_filtered(batch, metrics)
+        finally:
+            batch.extra_info.pop("force_group_size", None)
+
+    def _update_actor_filtered(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.has_filters:
             keys, pid = batch.keys, batch.partition_id
             orig = tq.kv_batch_get(keys=keys, partition_id=pid, select_fields=["response_mask", "loss_mask"])

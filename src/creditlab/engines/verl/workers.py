@@ -16,6 +16,9 @@ Against verl 0.9.1's worker API (``verl.workers.engine_workers``):
   therefore happens here instead of in a separate ``compute_log_prob`` call), and computes the credit
   functions of the spec with statistics all-reduced over the data-parallel group
   (``engine.get_data_parallel_group()``) (:func:`worker_credit`).
+* ``init_model`` is verl's, then :func:`install_group_ids`: for a group-coupled creditlab loss (grpo_fix, dfpo)
+  the actor's loss ``partial(verl.workers.utils.losses.ppo_loss, config)`` is wrapped by
+  ``plugin.with_group_ids`` (the micro-batch's ``uid`` -> group ids for the registered loss).
 * :func:`capture_final_hidden` hooks the LM head's forward input (the final hidden states) and wraps the
   engine's ``prepare_model_outputs`` (``FSDPEngineWithLMHead``) so that each micro-batch's model output
   gains ``hidden``, a nested Tensor[B, S_i, d] over the full sequences laid out exactly as verl lays out
@@ -47,7 +50,15 @@ from torch import Tensor
 
 from creditlab.algos.credit.arca import adapter_residual_norm
 from creditlab.algos.credit.base import CreditInputs
-from creditlab.engines.verl.plugin import compose, entries, group_index, step_seed
+from creditlab.engines.verl.plugin import (
+    compose,
+    entries,
+    group_index,
+    loss_name,
+    needs_group_ids,
+    step_seed,
+    with_group_ids,
+)
 
 CREDIT_KEY = "creditlab_credit"
 """``extra_info`` key of the worker-side credit spec (:func:`worker_credit`)."""
@@ -235,15 +246,42 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
 # ------------------------------------------------------------------------------------------------------
 # the worker class (verl's GPU worker group)
 
-from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register  # noqa: E402
+from verl.single_controller.base.decorator import (  # noqa: E402
+    Dispatch,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
 from verl.utils import tensordict_utils as _tu  # noqa: E402
 from verl.utils.profiler import DistProfiler  # noqa: E402
 from verl.workers.engine_workers import ActorRolloutRefWorker, _with_routing_replay_flag  # noqa: E402
 
 
+def install_group_ids(worker: Any) -> bool:
+    """Wrap the actor's verl worker loss (``worker.loss_fn``: ``partial(ppo_loss, config=...)``) with
+    ``plugin.with_group_ids`` when its ``policy_loss.loss_mode`` is a group-coupled creditlab loss (grpo_fix,
+    dfpo), and hand it to the actor's ``TrainingWorker`` (``set_loss_fn``, as verl's ``init_model`` does).
+    Returns whether it wrapped. Idempotent."""
+    actor = getattr(worker, "actor", None)
+    fn = getattr(worker, "loss_fn", None)
+    if actor is None or fn is None or getattr(fn, "creditlab_group_ids", False):
+        return False
+    name = loss_name(str(worker.config.actor.policy_loss.get("loss_mode", "vanilla")))
+    if name is None or not needs_group_ids(name):
+        return False
+    worker.loss_fn = with_group_ids(fn)
+    actor.set_loss_fn(worker.loss_fn)
+    return True
+
+
 class CreditlabActorRolloutRefWorker(ActorRolloutRefWorker):
     """verl's hybrid actor/rollout/ref worker whose old-log-prob pass can also compute creditlab's
-    worker-side credit (``creditlab_credit`` in the batch's extra_info; see :func:`credit_pass`)."""
+    worker-side credit (``creditlab_credit`` in the batch's extra_info; see :func:`credit_pass`) and whose
+    actor loss gives group-coupled losses the micro-batch's group ids (:func:`install_group_ids`)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        install_group_ids(self)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
