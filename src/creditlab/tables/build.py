@@ -68,7 +68,7 @@ means, for steps_to the value of every seed (`>N` = never reached in its N steps
 the row's seeds never reached a steps_to threshold (counted at N: the mean is then a lower bound);
 ref_censored: the same for the relative_to run's seeds (0 for every other cell); sources: the files read."""
 
-_SEP = ";"  # joins several values (one per seed or suite) in one CSV field
+SEP = ";"  # joins several values (one per seed or suite) in one CSV field
 
 
 def metrics_path(evals_dir: Path, backbone: str, run: str, seed: int, decode: str | None = None) -> Path:
@@ -364,11 +364,11 @@ def _provenance(results: Sequence[dict[str, Any]]) -> dict[str, str]:
     provs = [r.get("provenance") or {} for r in results]
 
     def joined(key: str) -> str:
-        return _SEP.join("" if p.get(key) is None else str(p[key]) for p in provs)
+        return SEP.join("" if p.get(key) is None else str(p[key]) for p in provs)
 
     return {"mlflow_run_ids": joined("mlflow_run_id"), "run_keys": joined("run_key"),
             "commits": joined("commit"), "configs": joined("config"),
-            "sources": _SEP.join(str(r.get("_path", "")) for r in results)}
+            "sources": SEP.join(str(r.get("_path", "")) for r in results)}
 
 
 def _unique(items: Sequence[str]) -> list[str]:
@@ -384,7 +384,7 @@ def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[i
              "left_out": "", "detail": "", "censored": 0, "ref_censored": 0, "mlflow_run_ids": "",
              "run_keys": "", "commits": "", "configs": "", "sources": ""}
     return {"row": row.label, "paper_backbone": row.backbone, "backbone": backbone, "run": row.run,
-            "column": column.name, "seeds": _SEP.join(map(str, seeds)),
+            "column": column.name, "seeds": SEP.join(map(str, seeds)),
             "paper": row.paper.get(column.name, float("nan")), "scale": scale, **blank, **cells}
 
 
@@ -400,9 +400,9 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
         per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
         mean, lo, hi = _cell_stats(per_suite, column.weighting)
     return _line(row, paper.backbone_for(row.backbone, scale), column, scale, seeds,
-                 suites=_SEP.join(_unique(suites)), metric=_SEP.join(_unique(metrics)), ours_mean=mean,
+                 suites=SEP.join(_unique(suites)), metric=SEP.join(_unique(metrics)), ours_mean=mean,
                  ours_lo=lo, ours_hi=hi, n_questions=sum(len(v) for v in per_suite),
-                 left_out=_SEP.join(left_out), **_provenance(results))
+                 left_out=SEP.join(left_out), **_provenance(results))
 
 
 def _unit(column: Column) -> str:
@@ -571,7 +571,7 @@ def _ours_cell(line: Any) -> str:
         return ""  # the base model is not trained: no step time, no training reward
     steps_to = line.metric == "steps_to"
     censored, ref_censored = _count(getattr(line, "censored", 0)), _count(getattr(line, "ref_censored", 0))
-    n_seeds = len(str(line.seeds).split(_SEP))
+    n_seeds = len(str(line.seeds).split(SEP))
     if " vs " in unit:
         if detail.startswith("reference"):
             return f"reference ({detail.split('; ')[0].removeprefix('reference: ')})"
@@ -691,7 +691,7 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
 def _steps_to_note(column: Column, scale: str, df: pd.DataFrame) -> str:
     """How a steps_to column is computed (threshold, smoothing, seeds, censoring, relative mode)."""
     sub = df[df["column"] == column.name]
-    seeds = _single(sub, "seeds").replace(_SEP, ", ") if len(sub) else "?"
+    seeds = _single(sub, "seeds").replace(SEP, ", ") if len(sub) else "?"
     n_seeds = len(seeds.split(", "))
     ci = ("95% percentile bootstrap CI over seeds" if n_seeds > 1
           else "no CI: one seed (a CI needs several seeds: paper config `seeds`)")
@@ -770,9 +770,21 @@ def _wide_lines(df: pd.DataFrame, spec: TableSpec, scale: str, columns: list[Col
     return _md_table(header, lines)
 
 
+def split_field(field: Any) -> list[str]:
+    """The non-empty items of one SEP-joined CSV field (None, NaN and "" count as empty)."""
+    if _missing(field) or field == "":
+        return []
+    return [v for v in str(field).split(SEP) if v]
+
+
 def _split(values: Any) -> list[str]:
-    """The non-empty items of ";"-joined fields (NaN from a CSV counts as empty)."""
-    return [v for field in values if not _missing(field) for v in str(field).split(_SEP) if v]
+    """The non-empty items of SEP-joined fields, in order."""
+    return [v for field in values for v in split_field(field)]
+
+
+def row_run_ids(df: pd.DataFrame) -> list[str]:
+    """The MLflow run ids a built table's cells were read from, in row order, without repeats or blanks."""
+    return _unique(_split(df["mlflow_run_ids"])) if "mlflow_run_ids" in df else []
 
 
 def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
@@ -796,12 +808,12 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
             continue
         ids: list[str] = []
         for field in read["mlflow_run_ids"]:  # one id per seed, "" = offline
-            ids += [""] if _missing(field) else str(field).split(_SEP)
+            ids += [""] if _missing(field) else str(field).split(SEP)
         ids = _unique([i or "none (offline)" for i in ids])
         steps = _unique([s for s in _split(read[read["metric"].isin(["step_time", "train_mean"])]["sources"])])
         rewards = _unique([s for s in _split(read[read["metric"] == "steps_to"]["sources"])])
         line = (f"- {row.label} / {row.backbone} (`{first.backbone}`, run `{first.run}`, seeds "
-                f"{str(first.seeds).replace(_SEP, ', ')}): MLflow run ids {', '.join(ids)}; run keys "
+                f"{str(first.seeds).replace(SEP, ', ')}): MLflow run ids {', '.join(ids)}; run keys "
                 f"{', '.join(f'`{r}`' for r in _unique(_split(read['run_keys'])))}; configs "
                 f"{', '.join(f'`{c}`' for c in _unique(_split(read['configs'])))}")
         if steps:
@@ -815,7 +827,7 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
 def table_markdown(df: pd.DataFrame, table: TableSpec, paper: PaperSpec) -> str:
     """The readable Markdown page of a built table (see write_table)."""
     scale = _single(df, "scale")
-    seeds = _single(df, "seeds").replace(_SEP, ", ")
+    seeds = _single(df, "seeds").replace(SEP, ", ")
     shown = set(df["column"])
     columns = [c for c in table.columns if c.name in shown]
     lines = [f"# {paper.title}: table `{table.name}`", "", _comparability_note(scale), ""]

@@ -35,11 +35,13 @@ import numpy as np
 import pandas as pd
 
 from creditlab.tables.build import (
-    _SEP,
+    SEP,
     BASE_RUN,
     load_eval,
     load_step_times,
+    row_run_ids,
     seed_averaged,
+    split_field,
 )
 from creditlab.tables.spec import Claim, PaperSpec, TableSpec, resolve_metric
 
@@ -293,14 +295,6 @@ CLAIM_COLUMNS = ("claim_id", "claim_text", "claim", "test", "verdict", "comparis
 LEDGER_COLUMNS = CELL_COLUMNS + CLAIM_COLUMNS
 
 
-def _blank(field: Any) -> bool:
-    return field is None or (isinstance(field, float) and math.isnan(field)) or field == ""
-
-
-def _split(field: Any) -> list[str]:
-    if _blank(field):
-        return []
-    return [v for v in str(field).split(_SEP) if v]
 
 
 def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dict[str, pd.DataFrame],
@@ -310,7 +304,7 @@ def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dic
     claim results. `tables`: table name -> its built long frame (the table CSV)."""
     hw = hardware()
     lines: list[dict[str, Any]] = []
-    all_ids = [i for df in tables.values() if "mlflow_run_ids" in df for f in df["mlflow_run_ids"] for i in _split(f)]
+    all_ids = [i for df in tables.values() for i in row_run_ids(df)]
     links = mlflow_links(all_ids, tracking_uri)
     for name, df in tables.items():
         for rec in df.to_dict("records"):
@@ -318,18 +312,18 @@ def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dic
             lines.append({
                 "section": "cell", "table": name, "row": get("row"), "paper_backbone": get("paper_backbone"),
                 "backbone": get("backbone"), "run": get("run"), "column": get("column"),
-                "unit": get("unit", "%") if not _blank(get("unit", "%")) else "%",
+                "unit": get("unit", "%") if split_field(get("unit", "%")) else "%",
                 "paper": get("paper", float("nan")), "ours_mean": get("ours_mean", float("nan")),
                 "ours_lo": get("ours_lo", float("nan")), "ours_hi": get("ours_hi", float("nan")),
                 "seeds": get("seeds"), "scale": scale, "hardware": hw,
-                "commits": _SEP.join(dict.fromkeys(_split(get("commits")))),
-                "configs": _SEP.join(dict.fromkeys(_split(get("configs")))),
-                "mlflow_links": _SEP.join(links.get(i, i) for i in dict.fromkeys(_split(get("mlflow_run_ids")))),
+                "commits": SEP.join(dict.fromkeys(split_field(get("commits")))),
+                "configs": SEP.join(dict.fromkeys(split_field(get("configs")))),
+                "mlflow_links": SEP.join(links.get(i, i) for i in dict.fromkeys(split_field(get("mlflow_run_ids")))),
             })
     results = [evaluate_claim(paper, c, scale, seeds, evals_dir, k, runs_dir) for c in paper.claims]
     for r in results:
         lines.append({"section": "claim", "table": r.claim.table, "column": r.claim.column, "scale": scale,
-                      "seeds": _SEP.join(map(str, seeds)), "hardware": hw, "claim_id": r.claim.id,
+                      "seeds": SEP.join(map(str, seeds)), "hardware": hw, "claim_id": r.claim.id,
                       "claim_text": r.claim.text, "claim": claim_statement(r.claim), "test": r.test,
                       "verdict": r.verdict, "comparisons": "; ".join(c.text() for c in r.comparisons),
                       "note": r.note})
@@ -388,10 +382,10 @@ def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: lis
         ours = "" if (isinstance(c.ours_mean, float) and math.isnan(c.ours_mean)) else (
             f"{_num(c.ours_mean)} [{_num(c.ours_lo)}, {_num(c.ours_hi)}] {c.unit}")
         lines.append(_md([c.table, c.row, f"{c.paper_backbone} → {c.backbone}", c.run, c.column, _num(c.paper),
-                          ours, str(c.seeds).replace(_SEP, ", "),
-                          ", ".join(f"`{x[:12]}`" for x in _split(c.commits)),
-                          ", ".join(f"`{x}`" for x in _split(c.configs)),
-                          ", ".join(_split(c.mlflow_links))]))
+                          ours, str(c.seeds).replace(SEP, ", "),
+                          ", ".join(f"`{x[:12]}`" for x in split_field(c.commits)),
+                          ", ".join(f"`{x}`" for x in split_field(c.configs)),
+                          ", ".join(split_field(c.mlflow_links))]))
     return "\n".join(lines) + "\n"
 
 

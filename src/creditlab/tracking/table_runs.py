@@ -21,19 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from creditlab.tables.build import row_run_ids
 from creditlab.tracking.mlflow_tracker import (MAX_TAG_VAL_LENGTH, NOTE_TAG, ParentRun, Tracker,
                                                mlflow_key)
-
-SEP = ";"  # how the table CSV joins per-seed provenance fields
-
-
-def row_run_ids(df: pd.DataFrame) -> list[str]:
-    """The MLflow run ids a table's cells were read from, in row order, without repeats or blanks."""
-    ids: list[str] = []
-    for field in df.get("mlflow_run_ids", pd.Series(dtype=str)):
-        if isinstance(field, str):
-            ids += [i for i in field.split(SEP) if i]
-    return list(dict.fromkeys(ids))
 
 
 def cell_metrics(df: pd.DataFrame) -> dict[str, float]:
