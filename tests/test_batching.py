@@ -1,6 +1,7 @@
 """Paper C batching: query-preserved partitions, token-balanced (verl) order, sign partitions and the
 reward-balanced buffer. Property tests (hypothesis) of the invariants the issue names."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -256,3 +257,19 @@ def test_reward_balanced_run_resumes_exactly(tmp_path):
         assert torch.equal(pa, pc), n
     strip = [{k: v for k, v in h.items() if not k.startswith("t_")} for h in a.history]
     assert strip == [{k: v for k, v in h.items() if not k.startswith("t_")} for h in c.history]
+
+
+def test_rb_sign_values_reads_the_advantage_of_shaped_rewards_or_the_raw_score():
+    """RB's sign (shared by both engines): 'advantage' = A_i of the shaped rewards, threshold 0; 'reward' = the raw
+    score (correctness before overlong shaping), threshold reward_threshold."""
+    from creditlab.algos.batching import rb_sign_values
+
+    rewards = torch.tensor([1.0, -0.5, 0.0, 0.0])  # a correct rollout shaped below 0 by the overlong penalty
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    gids = torch.tensor([0, 0, 1, 1])
+    values, thr = rb_sign_values("advantage", rewards, scores, gids, lambda r, g: r - r.mean(), 0.5)
+    assert thr == 0.0 and torch.allclose(values, rewards - rewards.mean())
+    values, thr = rb_sign_values("reward", rewards, scores, gids, lambda r, g: r - r.mean(), 0.5)
+    assert thr == 0.5 and torch.equal(values, scores)
+    with pytest.raises(ValueError, match="sign"):
+        rb_sign_values("both", rewards, scores, gids, lambda r, g: r, 0.5)

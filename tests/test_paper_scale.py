@@ -360,7 +360,7 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     only runs the plug-in refuses are LOCAL_ENGINE_ONLY (plugin.LocalEngineOnly, with its reason)."""
     from omegaconf import OmegaConf
 
-    from creditlab.engines.verl.plugin import LocalEngineOnly, local_engine_only, needs_group_ids, plugin_overrides
+    from creditlab.engines.verl.plugin import LocalEngineOnly, local_engine_only, plugin_overrides
     from creditlab.engines.verl.trainer import CreditlabTrainer
 
     from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
@@ -461,18 +461,19 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             assert conf.trainer.total_training_steps == t["steps"]
             assert conf.data.train_batch_size == t["prompts_per_step"]
             assert conf.data.max_response_length == t["max_new_tokens"] and arr.actor.optim.lr == t["lr"]
-            assert conf.trainer.n_gpus_per_node * conf.trainer.nnodes >= 1
+            assert (conf.trainer.nnodes, conf.trainer.n_gpus_per_node) == (v["nnodes"], v["n_gpus_per_node"])
             # the plug-in's registrations, selected as verl reads them
             assert conf.algorithm.adv_estimator == f"creditlab_{m['advantage']}"
             assert arr.actor.policy_loss.loss_mode == f"creditlab_{m['policy_loss']}"
             assert conf.trainer.v1.trainer_mode == "creditlab_sync" and conf.trainer.use_v1
             if t["batching"] in ("sequential", "query_preserved"):  # verl's iterator keeps each rank's order
-                assert arr.actor.shuffle is False
+                assert "actor_rollout_ref.actor.shuffle=false" in argv and arr.actor.shuffle is False
             assert conf.trainer.balance_batch is (t["batching"] != "sequential")
             trainer = object.__new__(CreditlabTrainer)  # creditlab's trainer start-up checks on this config
             trainer.config, trainer.run_cfg = conf, cfg
             trainer._setup_creditlab()
-            assert trainer.group_coupled == needs_group_ids(m["policy_loss"]) and trainer.group_size == t["group_size"]
+            assert trainer.group_coupled == (m["policy_loss"] in {"dfpo", "grpo_fix"})
+            assert trainer.group_size == t["group_size"]
             if trainer.group_coupled:  # a micro-batch holds G whole sequences
                 assert arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * \
                     arr.actor.ulysses_sequence_parallel_size >= t["group_size"] * rollout.max_model_len

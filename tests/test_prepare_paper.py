@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hub_fixtures import LAYOUT, fixture, place
+from hub_fixtures import LAYOUT, place
 
 from creditlab import cli, paths
 from creditlab.data import prepare_paper as pp
@@ -334,4 +334,3 @@ def test_raw_dir_default_and_env(tmp_path, monkeypatch):
     assert pp.raw_dir("res") == Path("res/paper/raw")
     monkeypatch.setenv(pp.RAW_ENV, str(tmp_path))
     assert pp.raw_dir("res") == tmp_path
-    assert fixture("aime24").is_file()

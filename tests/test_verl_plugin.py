@@ -32,6 +32,7 @@ from tensordict import TensorDict  # noqa: E402
 from creditlab.algos import registry  # noqa: E402
 from creditlab.algos.batching import RewardBalancedBuffer, sign_counts  # noqa: E402
 from creditlab.algos.credit.arca import arca_weights  # noqa: E402
+from creditlab.algos.credit.base import method_entries  # noqa: E402
 from creditlab.algos.credit.base import CreditInputs, apply_credit  # noqa: E402
 from creditlab.algos.credit.delta import delta_weights  # noqa: E402
 from creditlab.algos.credit.dlogp import dlogp_weights  # noqa: E402
@@ -126,7 +127,7 @@ def test_registered_dapo_equals_verl_vanilla_on_folded_advantages(tmp_path, monk
     b = _batch(B=8)
     inputs = CreditInputs(responses=b.responses, mask=b.mask, old_logp=b.old, advantages=b.adv, group_ids=b.gids,
                           hidden=b.hidden)
-    credit = plugin.entries("credit", [{"name": "dlogp", "alpha": 0.2}, {"name": "delta"}])
+    credit = method_entries("credit", [{"name": "dlogp", "alpha": 0.2}, {"name": "delta"}])
     adv_tok, loss_mask, w = plugin.fold_credit(inputs, credit, [])
     assert torch.equal(loss_mask, b.mask) and w[b.mask.bool()].std() > 0.01  # the weights are not trivial
     n_tokens, rows = int(b.mask.sum()), b.mask.shape[0]
@@ -377,12 +378,12 @@ def test_fold_credit_is_the_local_engine_composition():
                           hidden=b.hidden, entropy=entropy)
     credit = [{"name": "dlogp", "alpha": 0.1}, {"name": "ppl"}]
     filters = [{"name": "forking", "top_frac": 0.3}]
-    adv_tok, loss_mask, w = plugin.fold_credit(inputs, plugin.entries("credit", credit),
-                                               plugin.entries("token_filter", filters))
+    adv_tok, loss_mask, w = plugin.fold_credit(inputs, method_entries("credit", credit),
+                                               method_entries("token_filter", filters))
     want_w = torch.ones_like(b.old)
-    for fn, kw in plugin.entries("credit", credit):
+    for fn, kw in method_entries("credit", credit):
         want_w = want_w * apply_credit(fn, inputs, kw)
-    fn, kw = plugin.entries("token_filter", filters)[0]
+    fn, kw = method_entries("token_filter", filters)[0]
     keep = apply_credit(fn, inputs, kw)
     assert torch.allclose(w, want_w) and torch.allclose(adv_tok, b.adv[:, None] * want_w * b.mask)
     assert torch.equal(loss_mask, b.mask * keep) and 0 < loss_mask.sum() < b.mask.sum()
@@ -418,8 +419,8 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
     assert actor.policy_loss.loss_mode == f"creditlab_{cfg['method']['policy_loss']}"
     assert verl_cfg.algorithm.adv_estimator == f"creditlab_{cfg['method']['advantage']}"
     assert actor.loss_agg_mode == cfg["method"]["loss_kwargs"]["agg"]
-    if run in ("qb", "dfpo-seq"):  # (verl's default is false too: the plug-in does not rely on it)
-        assert actor.shuffle is False
+    if run in ("qb", "dfpo-seq"):  # verl's default is false too: the plug-in sets it explicitly, not by default
+        assert "actor_rollout_ref.actor.shuffle=false" in ov and actor.shuffle is False
     assert verl_cfg.trainer.balance_batch is (run != "dfpo-seq")
     sampler = verl_cfg.trainer.v1.sampler
     if run == "rb":
@@ -588,7 +589,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
     batch, metrics = sampler.sample(global_steps=2, partition_id="train", batch_size=2)
     assert refills == [2] and metrics["training/rb/rounds"] == 2.0
     assert local.select(1)[0] is None
-    local_add(pending_done := [[1, 0, 1, 0], [0, 1, 1, 1]], 2)
+    local_add([[1, 0, 1, 0], [0, 1, 1, 1]], 2)
     want, local_stats = local.select(2)
     got = list(dict.fromkeys(vtrainer.uid_of(k) for k in batch.keys))
     assert sorted(got) == sorted(want)
@@ -596,7 +597,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
     listed = tq.kv_list("train")["train"]
     aged = [u for u in waiting]
     assert not any(u in listed or any(k.startswith(u) for k in listed) for u in aged)  # cleared from TransferQueue
-    assert sampler.state_dict()["round"] == 3 and pending_done
+    assert sampler.state_dict()["round"] == 3
 
 
 def test_rb_sampler_on_exhausted_trains_the_oldest_groups(transfer_queue, tmp_path, monkeypatch):

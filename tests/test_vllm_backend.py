@@ -229,14 +229,16 @@ def test_lora_request_equals_the_local_merged_model(world) -> None:
 EXTRAP_NEW = 16
 EXTRAP = {  # name: (options, decoding, window, RL model: "rl" engine or the base engine + LoRA adapter)
     "greedy": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(greedy=True), 3, "rl"),
-    "sampled": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(temperature=1.0, top_p=0.7, seed=3), None,
+    # sampled cases with a window of 3 < 8 prompts: finished rows are refilled, so a wrong (prompt, step) lookup of
+    # the seeded uniforms after a refill changes the tokens
+    "sampled": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(temperature=1.0, top_p=0.7, seed=3), 3,
                 "rl"),
     "rl_decodes_topk": (dict(criterion="dlogp", threshold=0.5, gamma=1.0, decode_with="rl", top_k_support=4),
-                        dict(temperature=1.0, top_p=0.9, seed=4), None, "rl"),
+                        dict(temperature=1.0, top_p=0.9, seed=4), 3, "rl"),
     "kl_replace": (dict(criterion="kl", threshold=0.2, gamma=0.0), dict(greedy=True), None, "rl"),
     "lora_rl": (dict(criterion="dlogp", threshold=-1.0, gamma=0.5), dict(greedy=True), None, "lora"),
 }
-"""Replacement rates (local, measured): 0.43, 0.12, 0.34, 0.41, 0.25 of the generated tokens."""
+"""The replacement rate of each case is written to test-artifacts/vllm/diffs.json (asserted only to be in (0, 1))."""
 
 
 @pytest.mark.parametrize("case", sorted(EXTRAP))

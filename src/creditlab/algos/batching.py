@@ -289,6 +289,23 @@ class RewardBalancedBuffer:
         self.dropped_total = int(state["dropped_total"])
 
 
+RB_SIGNS = ("advantage", "reward")
+
+
+def rb_sign_values(sign: str, rewards: Tensor, scores: Tensor, group_ids: Tensor,
+                   advantage: Callable[[Tensor, Tensor], Tensor], reward_threshold: float) -> tuple[Tensor, float]:
+    """What makes a rollout positive or negative for reward-balanced batching, and the threshold.
+
+    sign ``advantage``: the group advantage A_i = advantage(rewards, group_ids) of the shaped rewards (what the
+    loss sees), threshold 0; sign ``reward``: the raw score (correctness, before overlong shaping), threshold
+    ``reward_threshold``. rewards, scores, group_ids: Tensor[B]. Returns (values Tensor[B], threshold)."""
+    if sign == "advantage":
+        return advantage(rewards.float(), group_ids), 0.0
+    if sign == "reward":
+        return scores.float(), float(reward_threshold)
+    raise ValueError(f"reward_balance.sign must be one of {list(RB_SIGNS)}, got {sign!r}")
+
+
 def sign_counts(values: Tensor, group_ids: Tensor, threshold: float = 0.0) -> dict[int, tuple[int, int, int]]:
     """Per group id: (n values > threshold, n values < threshold, group size). Tensor[B] inputs."""
     out: dict[int, tuple[int, int, int]] = {}

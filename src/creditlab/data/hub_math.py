@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from creditlab.data.schema import make_record
-from creditlab.rewards.math_verify_reward import BOXED, boxed_content_at
+from creditlab.rewards.math_verify_reward import BOXED, extract_last_boxed
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +372,7 @@ def _parse_dapo(row: Row, where: str) -> tuple[str, str, dict[str, Any]]:
 
 def last_boxed_answer(solution: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``solution`` (balanced braces), or None."""
-    text = solution.replace(_FBOX, BOXED)
-    start = text.rfind(BOXED)
-    content = None if start < 0 else boxed_content_at(text, start)
+    content = extract_last_boxed(solution.replace(_FBOX, BOXED))
     return content.strip() if content and content.strip() else None
 
 

@@ -12,7 +12,6 @@ Layout of ``out_dir``::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
@@ -31,18 +30,13 @@ from creditlab.data.synthetic import (
     generate_split,
 )
 from creditlab.data.tokenizer import build_tokenizer
+from creditlab.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
 Records = list[dict[str, Any]]
 _RESERVED_SPLITS = ("train", "val")
 _SPLIT_KEYS = ("n", "n_ops", "digits")
-
-
-def derive_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed for the split ``name`` (independent of Python's hash randomisation)."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def check_disjoint(

@@ -56,7 +56,6 @@ question whatever subset or order it is loaded in, across processes and Python v
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -65,6 +64,7 @@ from typing import NamedTuple
 from creditlab.algos.registry import register
 from creditlab.rewards.math_verify_reward import BOXED as _BOXED
 from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec, boxed_content_at
+from creditlab.seeds import derive_seed
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DEFAULT_N_OPTIONS = 10
@@ -254,8 +254,7 @@ def extract_choice(response: str, n_options: int = DEFAULT_N_OPTIONS) -> str | N
 
 def option_seed(seed: int, question_id: str) -> int:
     """A stable 63-bit seed for one question's permutation (independent of hash randomisation)."""
-    digest = hashlib.sha256(f"{seed}:{question_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+    return derive_seed(seed, question_id)
 
 
 def shuffle_options(

@@ -239,6 +239,15 @@ def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str
     return f"{base.rstrip('/')}/#/compare-runs?{query}" if base else f"#/compare-runs?{query}"
 
 
+def _parent_run_id(client: MlflowClient, exp_id: str, parent: ParentRun) -> str:
+    """The run id of `parent` in experiment `exp_id`, created (status RUNNING) if needed (race-safe)."""
+
+    def create() -> Run:
+        return client.create_run(exp_id, tags=standard_tags(parent.key, parent.tags), run_name=parent.name)
+
+    return _unique_run(client, exp_id, parent.key, create)[0].info.run_id
+
+
 def init_store(results_dir: str | Path, experiments: Sequence[str],
                parents: Sequence[tuple[str, ParentRun]] = (),
                children: Sequence[tuple[str, str, str]] = ()) -> None:
@@ -258,9 +267,7 @@ def init_store(results_dir: str | Path, experiments: Sequence[str],
                    for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])}
             parent_ids: dict[tuple[str, str], str] = {}
             for name, parent in parents:
-                run, _ = _unique_run(client, ids[name], parent.key, lambda: client.create_run(  # noqa: B023
-                    ids[name], tags=standard_tags(parent.key, parent.tags), run_name=parent.name))  # noqa: B023
-                parent_ids[name, parent.key] = run.info.run_id
+                parent_ids[name, parent.key] = _parent_run_id(client, ids[name], parent)
             for name, run_key, parent_key in children:
                 run = _find_run(client, ids[name], run_key) if name in ids else None
                 pid = parent_ids.get((name, parent_key))
@@ -435,16 +442,6 @@ class Tracker:
         location = artifact_location(results_dir, self.experiment, self.uri)
         return _ensure_experiment(self._client, self.experiment, location)
 
-    def _parent_id(self, exp_id: str, parent: ParentRun) -> str:
-        """The run id of `parent` in experiment `exp_id`, created (status RUNNING) if needed."""
-        assert self._client is not None
-        client = self._client
-
-        def create() -> Run:
-            return client.create_run(exp_id, tags=standard_tags(parent.key, parent.tags), run_name=parent.name)
-
-        return _unique_run(client, exp_id, parent.key, create)[0].info.run_id
-
     def _create_or_resume(self, results_dir: str | Path, run_name: str, tags: dict[str, str],
                           params: dict[str, str], parent: ParentRun | None = None) -> None:
         """Online part of `start`."""
@@ -452,7 +449,7 @@ class Tracker:
         client = self._client
         exp_id = self._experiment_id(results_dir)
         if parent is not None:
-            tags = {**tags, PARENT_TAG: self._parent_id(exp_id, parent)}
+            tags = {**tags, PARENT_TAG: _parent_run_id(client, exp_id, parent)}
         run, created = _unique_run(client, exp_id, self.run_key,
                                    lambda: client.create_run(exp_id, tags=tags, run_name=run_name))
         self._run_id = run.info.run_id

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from creditlab.algos.registry import register
+from creditlab.algos.registry import get, register
 
 
 @dataclass
@@ -47,6 +48,8 @@ class CreditInputs:
 
 
 INPUT_FIELDS = tuple(CreditInputs.__dataclass_fields__)
+REF_INPUTS = frozenset({"ref_logp", "base_hidden"})
+"""The inputs only a reference (adapter-disabled) pass provides: a function naming one needs LoRA."""
 
 
 def credit_inputs_of(fn) -> tuple[str, ...]:
@@ -74,6 +77,23 @@ def apply_credit(fn, batch: CreditInputs, kwargs: dict) -> Tensor:
         raise ValueError(f"credit function {fn.__name__} needs {missing}, which this engine did not provide")
     w = fn(**{n: getattr(batch, n) for n in credit_inputs_of(fn)}, **kwargs)
     return w.expand_as(batch.old_logp)
+
+
+def method_entries(kind: str, items: list[dict] | None) -> list[tuple[Callable, dict]]:
+    """Method config entries ``[{name, **kwargs}]`` of ``kind`` (credit, token_filter) -> [(function, kwargs)]."""
+    return [(get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in items or []]
+
+
+def compose_credit(fns: list[tuple[Callable, dict]], inputs: CreditInputs, extra: dict | None = None) -> Tensor:
+    """Product of ``apply_credit(fn, inputs, kwargs)`` over ``fns``: credit functions compose by multiplying
+    their weights, token filters by multiplying their 0/1 masks; ones when empty. ``extra`` kwargs go to the
+    functions whose signature names them (the verl workers' ``all_reduce``). Returns Tensor[B, T] float32."""
+    out = torch.ones(inputs.old_logp.shape, dtype=torch.float32, device=inputs.old_logp.device)
+    for fn, kw in fns:
+        params = inspect.signature(fn).parameters
+        more = {k: v for k, v in (extra or {}).items() if k in params}
+        out = out * apply_credit(fn, inputs, {**kw, **more}).float()
+    return out
 
 
 @register("credit", "none")

@@ -46,15 +46,17 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
-from creditlab.algos.batching import RewardBalancedBuffer, call_batching, groups_split_frac, sign_counts
+from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_sign_values,
+                                      sign_counts)
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
-from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of
+from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries
 from creditlab.data.schema import render_prompt
 from creditlab.engines.local import lora
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
 from creditlab.progress import progress
+from creditlab.seeds import step_seed
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -82,11 +84,6 @@ def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def _step_seed(seed: int, step: int, sub: int = 0) -> int:
-    """A 63-bit seed that is a pure function of (seed, step, sub)."""
-    return int(np.random.SeedSequence([seed, step, sub]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
 def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
     """Multiplier of the peak learning rate: linear warm-up, then constant or cosine to 10%."""
     if warmup > 0 and step < warmup:
@@ -104,9 +101,6 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
     return min(-(length - (max_len - buffer)) / buffer * factor, 0.0)
 
 
-REF_INPUTS = ("ref_logp", "base_hidden")
-"""CreditInputs fields that come from the reference pass (the forward with the LoRA adapter disabled)."""
-
 
 class Trainer:
     """GRPO/DAPO RL of a causal LM on verifiable prompts (tiny scale, CPU or one GPU).
@@ -121,7 +115,7 @@ class Trainer:
         self.device = _device(cfg.get("device", "auto"))
         self.lcfg = self.tcfg.get("lora") or {"enable": False}
         # LoRA: adapter init seeded by the run's seed alone (a resumed run rebuilds the same module)
-        self.peft = (lora.wrap_lora(model, self.lcfg, _step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"]
+        self.peft = (lora.wrap_lora(model, self.lcfg, step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"]
                      else None)
         self.model = model.to(self.device)
         self.model.train()
@@ -143,8 +137,8 @@ class Trainer:
         self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
         self.batching_fn = registry.get("batching", t["batching"])
         self.loss_takes_groups = "group_ids" in inspect.signature(self.loss_fn).parameters
-        self.credit_fns = _lookup("credit", self.mcfg.get("credit"))
-        self.token_filters = _lookup("token_filter", self.mcfg.get("token_filter"))
+        self.credit_fns = method_entries("credit", self.mcfg.get("credit"))
+        self.token_filters = method_entries("token_filter", self.mcfg.get("token_filter"))
         needs_ref = sorted({n for fn, _ in self.credit_fns + self.token_filters for n in credit_inputs_of(fn)
                             if n in REF_INPUTS})
         if needs_ref and self.peft is None:
@@ -231,7 +225,7 @@ class Trainer:
         with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
             gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.tok.eos_token_id,
                            pad_id=self.tok.pad_token_id, temperature=t["temperature"], top_p=t["top_p"],
-                           seed=_step_seed(self.cfg["seed"], step, gen_idx))
+                           seed=step_seed(self.cfg["seed"], step, gen_idx))
         self.model.train()
         texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)
         golds = [self.records[i]["answer"] for i in idx for _ in range(G)]
@@ -315,7 +309,7 @@ class Trainer:
         # the reference pass (adapter disabled) runs when a credit function takes its outputs, the random-
         # adapter control needs h^base, or trainer.lora.reference_pass=always; ONE forward gives ref log-probs
         # AND h^base
-        need_ref = bool(wanted & set(REF_INPUTS)) or self.random_control or (
+        need_ref = bool(wanted & REF_INPUTS) or self.random_control or (
             self.peft is not None and self.lcfg.get("reference_pass", "when_needed") == "always")
         need_hidden = "hidden" in wanted or need_ref  # h^adapted: ARCA's residual is taken against it
         self.model.eval()  # the no-grad forwards are deterministic (no LoRA dropout)
@@ -332,7 +326,7 @@ class Trainer:
         rand_hidden = None
         if self.random_control:  # [ours] h_t under a random adapter of the trained one's per-module norm
             t_r = time.perf_counter()
-            g = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 30_001))
+            g = torch.Generator().manual_seed(step_seed(self.cfg["seed"], step, 30_001))
             with torch.no_grad(), _autocast(self.device), lora.random_adapter(self.peft, g):
                 rand_hidden = lora.hidden_of(self.model, batch)
             metrics["t_random_control"] = time.perf_counter() - t_r
@@ -343,16 +337,12 @@ class Trainer:
                               advantages=adv.to(self.device), group_ids=group_ids.to(self.device),
                               hidden=old.hidden, entropy=old.entropy, topk_logp=old.topk_logp,
                               topk_ids=old.topk_ids, lm_head=self.model.get_output_embeddings().weight.detach(),
-                              rng=torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 20_000)),
+                              rng=torch.Generator().manual_seed(step_seed(self.cfg["seed"], step, 20_000)),
                               ref_logp=None if ref is None else ref.logp,
                               base_hidden=None if ref is None else ref.hidden)
-        weights = torch.ones_like(old.logp)
-        for fn, kwargs in self.credit_fns:
-            weights = weights * apply_credit(fn, inputs, kwargs)
+        weights = compose_credit(self.credit_fns, inputs)
         adv_tok = (adv.to(self.device)[:, None] * weights).detach()
-        loss_mask = mask
-        for fn, kwargs in self.token_filters:
-            loss_mask = loss_mask * apply_credit(fn, inputs, kwargs)
+        loss_mask = mask * compose_credit(self.token_filters, inputs)
         t_credit = time.perf_counter() - t_c
         self._accumulate_token_credit(batch.responses, mask, weights)
         # Paper D's concentration diagnostics of the per-token weights (before the advantage; Gini and EffN/T
@@ -370,7 +360,7 @@ class Trainer:
         t_diag = time.perf_counter() - t_d
 
         t2 = time.perf_counter()
-        gen = torch.Generator().manual_seed(_step_seed(self.cfg["seed"], step, 10_000))
+        gen = torch.Generator().manual_seed(step_seed(self.cfg["seed"], step, 10_000))
         stats: list[dict[str, float]] = []
         loss_kwargs = dict(m.get("loss_kwargs") or {})
         lengths, n_ranks = mask.sum(-1).long().cpu(), int(t.get("dp_ranks", 1))
@@ -436,14 +426,10 @@ class Trainer:
         0..n-1) or None (defer the update), and the buffer's statistics."""
         rb = self.tcfg["reward_balance"]
         gids = torch.tensor(ro.group_ids, dtype=torch.long)
-        if rb["sign"] == "advantage":
-            values = self.advantage_fn(torch.tensor(ro.rewards, dtype=torch.float32), gids,
-                                       **(self.mcfg.get("advantage_kwargs") or {}))
-            thr = 0.0
-        elif rb["sign"] == "reward":
-            values, thr = torch.tensor(ro.scores, dtype=torch.float32), float(rb["reward_threshold"])
-        else:
-            raise ValueError(f"trainer.reward_balance.sign must be 'advantage' or 'reward', got {rb['sign']!r}")
+        kwargs = self.mcfg.get("advantage_kwargs") or {}
+        values, thr = rb_sign_values(rb["sign"], torch.tensor(ro.rewards, dtype=torch.float32),
+                                     torch.tensor(ro.scores, dtype=torch.float32), gids,
+                                     lambda r, g: self.advantage_fn(r, g, **kwargs), rb["reward_threshold"])
         for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
             rows = [i for i, x in enumerate(ro.group_ids) if x == g]
             self.rb_buffer.add(_subset(ro, rows), n_pos, n_neg, size, step)
@@ -495,11 +481,6 @@ def _check_whole_groups(mb_groups: torch.Tensor, all_groups: torch.Tensor, loss:
         raise ValueError(f"policy loss {loss!r} couples the rollouts of a group, but batching {batching!r} split a "
                          "group across mini-batches; use trainer.batching=query_preserved (or sequential with rollouts per "
                          "mini-batch a multiple of the group size)")
-
-
-def _lookup(kind: str, entries: list[dict] | None) -> list[tuple[Callable, dict]]:
-    """Method config entries ``[{name, **kwargs}]`` -> [(registered function, kwargs)]."""
-    return [(registry.get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in entries or []]
 
 
 def _nanmean(values: list[float]) -> float:

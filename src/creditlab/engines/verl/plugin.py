@@ -42,7 +42,8 @@ import yaml
 from torch import Tensor
 
 from creditlab.algos import registry
-from creditlab.algos.credit.base import CreditInputs, apply_credit, credit_inputs_of, required_inputs_of
+from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries,
+                                         required_inputs_of)
 from creditlab.algos.losses import AGG_MODES
 
 PLUGIN_MODULE = "creditlab.engines.verl.plugin"
@@ -73,7 +74,6 @@ class LocalEngineOnly(ValueError):
 WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "topk_ids"})
 """CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
 function or token filter naming one of them runs inside the workers' old-log-prob pass."""
-REF_INPUTS = frozenset({"ref_logp", "base_hidden"})
 """CreditInputs from the reference pass (the forward with the LoRA adapter disabled)."""
 VERL_PROVIDED = frozenset({"responses", "mask", "old_logp", "advantages", "group_ids", "entropy", "rng",
                            "hidden", "ref_logp", "base_hidden"})
@@ -125,17 +125,6 @@ def method_kwargs(kind: str, name: str, run_cfg: dict | None) -> dict[str, Any]:
     m = (run_cfg or {}).get("method") or {}
     key, kw = {"policy_loss": ("policy_loss", "loss_kwargs"), "advantage": ("advantage", "advantage_kwargs")}[kind]
     return dict(m.get(kw) or {}) if m.get(key) == name else {}
-
-
-def entries(kind: str, items: list[dict] | None) -> list[tuple[Callable, dict]]:
-    """Method config entries ``[{name, **kwargs}]`` -> [(registered function, kwargs)] (as the local engine)."""
-    return [(registry.get(kind, c["name"]), {k: v for k, v in c.items() if k != "name"}) for c in items or []]
-
-
-def step_seed(seed: int, step: int, sub: int = 0) -> int:
-    """A 63-bit seed that is a pure function of (seed, step, sub): the local engine's derivation, so the
-    same (seed, step) draws the same streams in both engines (sub 10_000: batching, 20_000: credit rng)."""
-    return int(np.random.SeedSequence([seed, step, sub]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def runs_on_worker(fn: Callable) -> bool:
@@ -321,18 +310,6 @@ def verl_advantage(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
 # credit folding (driver side)
 
 
-def compose(fns: list[tuple[Callable, dict]], inputs: CreditInputs, extra: dict | None = None) -> Tensor:
-    """Product of ``apply_credit(fn, inputs, kwargs)`` over ``fns`` (credit functions compose by
-    multiplication, as in the local engine); ones when empty. ``extra`` kwargs go to the functions whose
-    signature names them (``all_reduce``). Returns Tensor[B, T] (float32)."""
-    out = torch.ones(inputs.old_logp.shape, dtype=torch.float32, device=inputs.old_logp.device)
-    for fn, kw in fns:
-        params = inspect.signature(fn).parameters
-        more = {k: v for k, v in (extra or {}).items() if k in params}
-        out = out * apply_credit(fn, inputs, {**kw, **more}).float()
-    return out
-
-
 def fold_credit(inputs: CreditInputs, credit: list[tuple[Callable, dict]], token_filters: list[tuple[Callable, dict]],
                 worker_weights: Tensor | None = None, worker_filter: Tensor | None = None
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -344,11 +321,11 @@ def fold_credit(inputs: CreditInputs, credit: list[tuple[Callable, dict]], token
     inputs: CreditInputs of B rollouts x T response positions (advantages: Tensor[B] sequence advantages);
     worker_*: Tensor[B, T] or None. Returns (adv_tok, loss_mask, w), Tensor[B, T] float32 each.
     """
-    w = compose(credit, inputs)
+    w = compose_credit(credit, inputs)
     if worker_weights is not None:
         w = w * worker_weights.float()
     mask = inputs.mask.float()
-    loss_mask = mask * compose(token_filters, inputs)
+    loss_mask = mask * compose_credit(token_filters, inputs)
     if worker_filter is not None:
         loss_mask = loss_mask * worker_filter.float()
     adv_tok = inputs.advantages.float()[:, None] * w * mask
@@ -372,7 +349,7 @@ def _check_inputs(run_cfg: dict) -> None:
     m, lora = run_cfg["method"], (run_cfg["trainer"].get("lora") or {}).get("enable", False)
     provided = VERL_PROVIDED if lora else VERL_PROVIDED - REF_INPUTS
     for kind, key in (("credit", "credit"), ("token_filter", "token_filter")):
-        for fn, _ in entries(kind, m.get(key)):
+        for fn, _ in method_entries(kind, m.get(key)):
             missing = sorted(set(required_inputs_of(fn)) - provided)
             if missing:
                 hint = " (set trainer.lora.enable=true)" if set(missing) <= REF_INPUTS else ""
@@ -512,7 +489,7 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
                 f"{sk}.rho={rb['rho']}", f"{sk}.max_age={rb['max_age']}", f"{sk}.sign={rb['sign']}",
                 f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}"]
 
-    if any(runs_on_worker(fn) for kind in ("credit", "token_filter") for fn, _ in entries(kind, m.get(kind))):
+    if any(runs_on_worker(fn) for kind in ("credit", "token_filter") for fn, _ in method_entries(kind, m.get(kind))):
         out.append("actor_rollout_ref.model.use_fused_kernels=false")  # hidden states come from the LM-head call
 
     lora = t.get("lora") or {}

@@ -54,28 +54,28 @@ from torch import Tensor
 from transfer_queue import KVBatchMeta
 
 from creditlab.algos.batching import (
+    RB_SIGNS,
     RewardBalancedBuffer,
     groups_split_frac,
     partition_bins,
+    rb_sign_values,
     sequential_minibatches,
     sign_counts,
 )
 from creditlab.algos.credit.arca import weight_diagnostics
-from creditlab.algos.credit.base import CreditInputs, credit_inputs_of
+from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, credit_inputs_of, method_entries
 from creditlab.analysis.flipping import flip_fractions
+from creditlab.seeds import step_seed
 from creditlab.engines.verl.plugin import (
     ENV_RUN_CONFIG,
     GROUP_BATCHINGS,
-    REF_INPUTS,
     TRAINER_MODE,
-    entries,
     fold_credit,
     group_index,
     needs_group_ids,
     run_config,
     runs_on_worker,
     sequence_advantages,
-    step_seed,
     verl_options,
 )
 from creditlab.engines.verl.workers import (
@@ -240,8 +240,8 @@ class RewardBalancedSampler(ReplayBuffer):
         self.rho = float(kw.get("rho", 0.25))
         self.max_age = int(kw.get("max_age", 2))
         self.sign = str(kw.get("sign", "advantage"))
-        if self.sign not in ("advantage", "reward"):
-            raise ValueError(f"RB sign must be 'advantage' or 'reward', got {self.sign!r}")
+        if self.sign not in RB_SIGNS:
+            raise ValueError(f"RB sign must be one of {list(RB_SIGNS)}, got {self.sign!r}")
         self.reward_threshold = float(kw.get("reward_threshold", 0.5))
         self.max_rounds = int(kw.get("max_rounds", opts["max_rounds"]))
         self.on_exhausted = str(kw.get("on_exhausted", opts["on_exhausted"]))
@@ -288,15 +288,29 @@ class RewardBalancedSampler(ReplayBuffer):
             return
         keys = [k for u in uids for k in trajs[u]]
         rm = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])["rm_scores"]
-        scores = _padded(rm).sum(-1)
+        rewards = _padded(rm).sum(-1)  # shaped (DAPO reward manager: score + overlong penalty), as the loss sees
         gids = torch.tensor([i for i, u in enumerate(uids) for _ in trajs[u]], dtype=torch.long)
-        if self.sign == "advantage":
-            values, thr = sequence_advantages(self.advantage, scores.float(), gids), 0.0
-        else:
-            values, thr = scores.float(), self.reward_threshold
+        scores = self._raw_scores(keys, partition_id) if self.sign == "reward" else rewards
+        values, thr = rb_sign_values(self.sign, rewards, scores, gids,
+                                     lambda r, g: sequence_advantages(self.advantage, r, g), self.reward_threshold)
         for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
             uid = uids[g]
             self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, self.round))
+
+    @staticmethod
+    def _raw_scores(keys: list[str], partition_id: str) -> torch.Tensor:
+        """The unshaped correctness of each trajectory: the reward manager's ``acc``, read from
+        ``extra_fields.reward_extra_info`` as verl's own replay buffer reads its DAPO filter metric."""
+        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])["extra_fields"]
+        out = []
+        for key, value in zip(keys, data):
+            fields = getattr(value, "data", value)
+            info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+            if "acc" not in info:
+                raise RuntimeError(f"RB sign 'reward' needs the reward manager's 'acc' for {key}; none in its "
+                                   "reward_extra_info (use sign 'advantage' or a reward manager that reports acc)")
+            out.append(float(info["acc"]))
+        return torch.tensor(out, dtype=torch.float32)
 
     def _select(self, partition_id: str) -> tuple[list[str] | None, dict[str, float]]:
         """One ``buffer.select`` at the current round; clears the groups it drops from TransferQueue."""
@@ -374,12 +388,12 @@ class CreditlabTrainer(PPOTrainerSync):
         self.options = verl_options(self.run_cfg)
         credit, filters = m.get("credit") or [], m.get("token_filter") or []
         on_worker = {c["name"]: runs_on_worker(fn) for kind, items in (("credit", credit), ("token_filter", filters))
-                     for c, (fn, _) in zip(items, entries(kind, items))}
+                     for c, (fn, _) in zip(items, method_entries(kind, items))}
         self.worker_credit = [c for c in credit if on_worker[c["name"]]]
         self.worker_filters = [c for c in filters if on_worker[c["name"]]]
-        self.driver_credit = entries("credit", [c for c in credit if not on_worker[c["name"]]])
-        self.driver_filters = entries("token_filter", [c for c in filters if not on_worker[c["name"]]])
-        fns = entries("credit", credit) + entries("token_filter", filters)
+        self.driver_credit = method_entries("credit", [c for c in credit if not on_worker[c["name"]]])
+        self.driver_filters = method_entries("token_filter", [c for c in filters if not on_worker[c["name"]]])
+        fns = method_entries("credit", credit) + method_entries("token_filter", filters)
         needs_ref = any(set(credit_inputs_of(fn)) & REF_INPUTS for fn, _ in fns)
         lcfg = t.get("lora") or {}
         self.fused_ref = bool(lcfg.get("enable")) and (needs_ref or lcfg.get("reference_pass") == "always")

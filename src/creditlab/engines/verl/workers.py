@@ -49,16 +49,14 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from creditlab.algos.credit.arca import adapter_residual_norm
-from creditlab.algos.credit.base import CreditInputs
+from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
 from creditlab.engines.verl.plugin import (
-    compose,
-    entries,
     group_index,
     loss_name,
     needs_group_ids,
-    step_seed,
     with_group_ids,
 )
+from creditlab.seeds import step_seed
 
 CREDIT_KEY = "creditlab_credit"
 """``extra_info`` key of the worker-side credit spec (:func:`worker_credit`)."""
@@ -177,9 +175,9 @@ def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tens
         base_hidden=base_hidden,
         rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)))
     extra = {"all_reduce": reduce} if reduce is not None and spec.get("dp_stats", "global") == "global" else {}
-    weights = compose(entries("credit", spec.get("credit")), inputs, extra)
+    weights = compose_credit(method_entries("credit", spec.get("credit")), inputs, extra)
     filters = spec.get("token_filter") or []
-    filt = compose(entries("token_filter", filters), inputs, extra) if filters else None
+    filt = compose_credit(method_entries("token_filter", filters), inputs, extra) if filters else None
     residual = None
     if hidden is not None and base_hidden is not None:
         residual = adapter_residual_norm(hidden, base_hidden) * mask

@@ -48,6 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from creditlab.engines.local.sampler import Generation
+from creditlab.engines.local.sampler import SamplingParams as SamplingSpec
+
+DECODING_KEYS = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
+"""The evaluator's decoding arguments that travel to the vLLM worker (client -> serve)."""
 
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: fast start, deterministic scheduling
@@ -264,11 +268,7 @@ class VllmEngine:
             if max_new_tokens < 0:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
             return SampledGeneration(flat, [[] for _ in flat], [False] * len(flat), [[] for _ in flat])
-        if not greedy:
-            if not temperature > 0:
-                raise ValueError(f"temperature must be > 0 when sampling (use greedy=True), got {temperature}")
-            if not 0 < top_p <= 1:
-                raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        SamplingSpec(greedy, temperature, top_p, top_k)  # the local sampler's checks (temperature, top_p, top_k)
         common = dict(max_tokens=int(max_new_tokens), ignore_eos=True, stop_token_ids=[int(eos_id)],
                       logprobs=0 if logprobs else None, detokenize=False, flat_logprobs=False)  # fmt: skip
         size = batch_size or len(flat)
@@ -337,30 +337,3 @@ class VllmEngine:
         if not bool(seen.all()):
             raise RuntimeError("vLLM returned fewer than vocab_size log-probs for a position")
         return rows
-
-
-@dataclass(frozen=True, eq=False)
-class VllmGenerateFn:
-    """A ``generate_fn`` (:class:`creditlab.eval.evaluate.GenerateFn`) decoding with one :class:`VllmEngine`.
-
-    In-process (needs ``vllm``); from the main environment use :mod:`creditlab.engines.vllm.client`.
-    Returns no decode counters. ``settings`` is recorded under ``settings.decoder`` in metrics.json.
-    """
-
-    engine: VllmEngine
-    lora: str | None = None
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return {"name": "vllm", "model": str(self.engine.spec.model), "lora": self.lora,
-                "dtype": self.engine.spec.dtype}  # fmt: skip
-
-    def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int, pad_id: int | None = None,
-        greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-        batch_size: int | None = None, progress: bool = False,
-    ) -> tuple[SampledGeneration, dict[str, list[int]]]:  # fmt: skip
-        gen = self.engine.generate(prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id, greedy=greedy,
-                                   temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-                                   lora=self.lora)  # fmt: skip
-        return gen, {}

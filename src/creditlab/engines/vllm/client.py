@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from creditlab.engines.local.sampler import Generation
-from creditlab.engines.vllm.backend import SampledGeneration, lora_rank
+from creditlab.engines.vllm.backend import DECODING_KEYS, lora_rank
 
 PYTHON_ENV = "CREDITLAB_VLLM_PYTHON"
 """Environment variable naming the vLLM environment's python (default: <repo>/.venv-vllm/bin/python)."""
@@ -109,9 +109,6 @@ class VllmWorker:
         self.close()
 
 
-DECODING = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
-
-
 @dataclass(frozen=True, eq=False)
 class WorkerGenerateFn:
     """``generate_fn`` for the evaluator: plain decoding on engine ``engine`` of ``worker`` (+ ``lora``)."""
@@ -125,10 +122,11 @@ class WorkerGenerateFn:
     def settings(self) -> dict[str, Any]:
         return {"name": "vllm", "lora": self.lora, **self.describe}
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[SampledGeneration, dict]:
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[Generation, dict]:
         res = self.worker.call("generate", engine=self.engine, lora=self.lora, prompt_ids=[list(p) for p in prompt_ids],
-                               **{k: decoding[k] for k in DECODING if k in decoding})  # fmt: skip
-        return SampledGeneration(res["prompt_ids"], res["response_ids"], res["finished"], res["logprobs"]), {}
+                               logprobs=False,  # the evaluator scores texts: no per-token log-probs to compute
+                               **{k: decoding[k] for k in DECODING_KEYS if k in decoding})  # fmt: skip
+        return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,7 +147,7 @@ class WorkerSelectiveGenerateFn:
     def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[Generation, dict]:
         res = self.worker.call("selective", base=self.base, rl=self.rl, base_lora=self.base_lora, rl_lora=self.rl_lora,
                                options=self.options, prompt_ids=[list(p) for p in prompt_ids],
-                               **{k: decoding[k] for k in DECODING if k in decoding})  # fmt: skip
+                               **{k: decoding[k] for k in DECODING_KEYS if k in decoding})  # fmt: skip
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
 
 

@@ -23,7 +23,6 @@ null; decoding fields as in :meth:`creditlab.engines.vllm.backend.VllmEngine.gen
   "logprobs"}`` (len(prompt_ids) * n sequences, prompt-major).
 * ``{"op": "prompt_logprobs", "engine", "lora", "prompt_ids"}`` -> ``{"logprobs": [[...]]}`` (per prompt, its
   tokens 1..end teacher-forced).
-* ``{"op": "next_logprobs", "engine", "lora", "prompt_ids"}`` -> ``{"logprobs": [[V floats]]}``.
 * ``{"op": "selective", "base", "rl", "base_lora", "rl_lora", "options": {criterion, threshold, gamma,
   decode_with, fire_when, top_k_support}, "prompt_ids", "max_new_tokens", "eos_id", "greedy", "temperature",
   "top_p", "seed", "batch_size"}`` -> ``{"prompt_ids", "response_ids", "finished", "stats"}``
@@ -40,9 +39,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from creditlab.engines.vllm.backend import EngineSpec, configure_env
-
-DECODING_KEYS = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
+from creditlab.engines.vllm.backend import DECODING_KEYS, EngineSpec, configure_env
 
 
 class Worker:
@@ -88,9 +85,6 @@ class Worker:
                     "logprobs": gen.logprobs}  # fmt: skip
         if op == "prompt_logprobs":
             return {"logprobs": self.engine(call["engine"]).prompt_logprobs(call["prompt_ids"], lora=call.get("lora"))}
-        if op == "next_logprobs":
-            lp = self.engine(call["engine"]).next_logprobs(call["prompt_ids"], lora=call.get("lora"))
-            return {"logprobs": lp.tolist()}
         if op == "selective":
             from creditlab.engines.vllm.extrapolation import VllmSelectiveGenerateFn
 
@@ -99,7 +93,7 @@ class Worker:
             gen, stats = fn(call["prompt_ids"], **decoding)
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "stats": stats}  # fmt: skip
-        raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, next_logprobs, "
+        raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, "
                          f"selective")
 
 
