@@ -361,9 +361,15 @@ def test_verl_rows_have_verls_fields(tmp_path):
         assert row["extra_info"]["index"] == i and row["extra_info"]["split"] == rec["split"]
         assert json.loads(row["extra_info"]["meta"]) == rec["meta"]
         assert record_from_verl_row(row) == rec
-    lcb = load_dataset("livecodebench", fixture("livecodebench"))[0]
-    with pytest.raises(ValueError, match="no prompt template for code"):
-        verl_row(lcb, 0, "boxed")
+    lcb = load_dataset("livecodebench", fixture("livecodebench"))
+    assert {bool(r["meta"]["starter_code"].strip()) for r in lcb} == {True, False}  # functional and stdin problems
+    for rec in lcb:  # code records: a fenced-program prompt (starter code or stdin format), round-tripped
+        row = verl_row(rec, 0, "boxed")
+        content = row["prompt"][0]["content"]
+        assert row["ability"] == "code" and rec["question"] in content and "```python" in content
+        assert (rec["meta"]["starter_code"] in content) and ("\\boxed" not in content)
+        assert ("stdin" in content) == (not rec["meta"]["starter_code"].strip())
+        assert record_from_verl_row(row) == rec
     with pytest.raises(ValueError, match="no creditlab reward for data_source 'gsm8k'"):
         verl_row(dict(records[0], source="gsm8k"), 0, "boxed")
     with pytest.raises(ValueError, match="duplicate record id"):
@@ -471,8 +477,10 @@ def test_prepare_hub_end_to_end(tmp_path):
         recs = read_records(out / "suites" / f"{suite}.parquet")
         assert recs and all(r["split"] == suite for r in recs)
     assert report["counts"]["minerva"] == 2 and report["counts"]["gpqa-diamond"] == 3
-    # verl files for everything but the code suite
-    assert "livecodebench" in report["verl_skipped"] and "livecodebench" not in report["verl_files"]
+    # verl files for every suite, the code suite included
+    assert "livecodebench" in report["verl_files"] and "verl_skipped" not in report
+    lcb = read_verl_parquet(out / report["verl_files"]["livecodebench"])
+    assert {r["ability"] for r in lcb} == {"code"} and all("```python" in r["prompt"][0]["content"] for r in lcb)
     verl_train = read_verl_parquet(out / report["verl_files"]["train"])
     assert [record_from_verl_row(r) for r in verl_train] == train
     aime = read_verl_parquet(out / "verl/suites/aime24.parquet")

@@ -224,10 +224,13 @@ def test_livecodebench_v6_window_and_mapping():
         tests = json.loads(rec["answer"])
         public = json.loads(row["public_test_cases"])
         private = _lcb_reference_decode(row["private_test_cases"])
-        assert tests == public + private  # public first, then private
+        func = {"func_name": rec["meta"]["func_name"]}  # functional tests carry it: the gold alone is runnable
+        assert tests == [t | func if t["testtype"] == "functional" else t for t in public + private]  # public first
         assert rec["meta"]["num_public_tests"] == len(public)
         assert rec["meta"]["num_private_tests"] == len(private)
-        assert all(set(t) == {"input", "output", "testtype"} for t in tests)
+        functional_keys = {"input", "output", "testtype", "func_name"}
+        assert all(set(t) == (functional_keys if t["testtype"] == "functional" else functional_keys - {"func_name"})
+                   for t in tests)
         assert rec["meta"]["starter_code"] == row["starter_code"]
         assert rec["meta"]["contest_date"] == row["contest_date"]
     stdin, functional = records
@@ -235,6 +238,15 @@ def test_livecodebench_v6_window_and_mapping():
     assert functional["meta"]["func_name"] == "maxPairSum"
     assert functional["meta"]["starter_code"].startswith("class Solution:")
     assert {t["testtype"] for t in json.loads(functional["answer"])} == {"functional"}
+    # the gold alone judges a solution (what both engines and the evaluator give the verifier)
+    from creditlab.rewards.code_exec import judge_code_exec, parse_tests
+
+    assert {t.func_name for t in parse_tests(functional["answer"])[0]} == {"maxPairSum"}
+    solution = ("from typing import List\nclass Solution:\n    def maxPairSum(self, nums: List[int]) -> int:\n"
+                "        a = sorted(nums)\n        return a[-1] + a[-2]\n")
+    assert judge_code_exec(solution, functional["answer"]) == 1.0
+    assert judge_code_exec(solution.replace("a[-2]", "a[0]"), functional["answer"]) == 0.0
+    assert judge_code_exec("a, b = map(int, input().split())\nprint(a + b)\n", stdin["answer"]) == 1.0
 
 
 def test_livecodebench_window_bounds():

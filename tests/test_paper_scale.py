@@ -292,11 +292,48 @@ def test_preflight_rejects_what_the_gpus_would(a_run_cfg):
             launch.preflight(cfg)
 
 
+def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
+    """`snakemake -n --config scale=paper` lists every job of the five papers, and each GPU job asks for the GPUs
+    its run's config sizes: training nodes x GPUs (model.verl), evaluation the vLLM tensor-parallel size."""
+    import re
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "--snakefile", str(repo / "Snakefile"),
+                           "--directory", str(tmp_path), "-n", "--verbose", "--config", "scale=paper",
+                           f"results={tmp_path / 'results'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.rindex("Job stats:"):], re.M))
+    assert {k: int(v) for k, v in counts.items()} == {
+        "init_tracking": 1, "prepare_data": 1, "warmup": 9, "train": 110, "evaluate": 112, "evaluate_decode": 19,
+        "table": 15, "ledger": 5, "figure": 5, "token_credit_figure": 1, "analysis": 5, "diagnose": 1, "all": 1,
+        "total": 285}, counts  # fmt: skip
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+    checked = 0
+    for rule, wildcards, resources in jobs:
+        if rule not in ("train", "evaluate", "evaluate_decode"):
+            continue
+        w = dict(kv.split("=", 1) for kv in wildcards.split(", "))
+        res = dict(kv.split("=", 1) for kv in resources.split(", "))
+        cfg = run_config(paper_plan.get(w["backbone"], w["run"], int(w["seed"])))
+        v = cfg["model"]["verl"]
+        want = v["nnodes"] * v["n_gpus_per_node"] if rule == "train" else v["rollout_tp"]
+        assert int(res["gpu"]) == want, (rule, w, res)
+        checked += 1
+    assert checked == 110 + 112 + 19
+    print(f"paper-scale dry run: {seconds:.1f} s")
+
+
 def test_hydra_values():
     hv = launch.hydra_value
     assert [hv(None), hv(True), hv(3), hv(1e-6), hv("Qwen/Qwen3-8B"), hv("/a b/c"), hv("it's"), hv("1e-3"),
             hv("null"), hv([1, "x"])] == ["null", "true", "3", "1e-06", "Qwen/Qwen3-8B", "'/a b/c'", "'it\\'s'",
                                           "'1e-3'", "'null'", "[1,x]"]
+    assert hv({"enable_thinking": False, "a b": [1]}) == "{enable_thinking:false,'a b':[1]}" and hv({}) == "{}"
     assert launch.override_key("++a.b=1") == "a.b" and launch.override_key("~a.b") == "a.b"
 
 

@@ -92,9 +92,11 @@ def test_profile_is_complete_and_commented():
     assert prof["executor"] == "slurm" and prof["slurm-status-command"] == "squeue"
     assert prof["slurm-requeue"] is True and prof["retries"] >= 1
     sets = prof["set-resources"]
-    assert all(sets[r].get("gpu", 0) >= 1 for r in ("warmup", "evaluate", "evaluate_decode", "diagnose", "analysis"))
-    # a training job's nodes and GPUs come from its run's config (rule resources); the profile must not override them
+    assert all(sets[r].get("gpu", 0) >= 1 for r in ("warmup", "diagnose", "analysis"))
+    # a training job's nodes and GPUs, an evaluation's GPUs, come from its run's config (rule resources); the
+    # profile must not override them
     assert "gpu" not in sets["train"] and "nodes" not in sets["train"]
+    assert all("gpu" not in sets[r] and "slurm_partition" in sets[r] for r in ("evaluate", "evaluate_decode"))
     assert all("gpu" not in sets.get(r, {}) and "gres" not in sets.get(r, {})
                for r in ("init_tracking", "prepare_data", "table", "ledger", "figure", "token_credit_figure"))
     assert "gpu" not in prof["default-resources"]

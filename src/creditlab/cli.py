@@ -219,17 +219,43 @@ def _fetch_hub_model(a: argparse.Namespace) -> None:
 
 
 def _evaluate(model, tok, suites: dict[str, list[dict]], cfg: dict[str, Any], seed: int, out: Path,
-              quiet: bool, generate_fn=None) -> dict[str, Any]:
-    """The one evaluation path (eval settings of ``cfg``): per-sample jsonl + metrics.json under ``out``."""
+              quiet: bool, generate_fn=None, eos_id: int | list[int] | None = None) -> dict[str, Any]:
+    """The one evaluation path (eval settings of ``cfg``): per-sample jsonl + metrics.json under ``out``.
+
+    Each suite is judged by the reward of its verifier kind (:mod:`creditlab.rewards.routing`: the run's
+    ``trainer.reward`` for math, ``multiple_choice``, ``code_exec``), one scorer per reward; a code suite's
+    per-sample timeout covers its largest test list (code_exec's own limits). Prompts go through the
+    tokenizer's chat template when ``eval.chat_template`` (hub models, as verl trains them).
+    """
     from creditlab.eval.evaluate import evaluate_model
+    from creditlab.rewards.routing import records_kind, reward_of_kind
     from creditlab.rewards.scorer import RewardScorer
 
-    e = cfg["eval"]
-    with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
+    e, t = cfg["eval"], cfg["trainer"]
+    rewards = {name: reward_of_kind(records_kind(recs, f"suite {name}"), t["reward"]) for name, recs in suites.items()}
+    with ExitStack() as stack:
+        scorers = {reward: stack.enter_context(RewardScorer(reward, timeout_s=_reward_timeout(
+                       reward, [r for n, recs in suites.items() if rewards[n] == reward for r in recs],
+                       t["reward_timeout_s"])))
+                   for reward in dict.fromkeys(rewards.values())}  # fmt: skip
         return evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
                               temperature=e["temperature"], top_p=e["top_p"],
-                              template=cfg["data"].get("template", "tiny"), seed=seed, scorer=scorer, out_dir=out,
-                              batch_size=e.get("batch_size"), generate_fn=generate_fn, progress=not quiet)
+                              template=cfg["data"].get("template", "tiny"), seed=seed,
+                              scorer={name: scorers[rewards[name]] for name in suites}, out_dir=out,
+                              batch_size=e.get("batch_size"), generate_fn=generate_fn, progress=not quiet,
+                              chat=bool(e.get("chat_template", False)), chat_kwargs=e.get("chat_template_kwargs"),
+                              eos_id=eos_id)  # fmt: skip
+
+
+def _reward_timeout(reward: str, records: list[dict], timeout_s: float) -> float:
+    """Per-sample timeout of a scorer: ``timeout_s``; for ``code_exec``, at least what running the largest test
+    list of ``records`` may take under code_exec's own per-test limits (plus a margin), so that the sandbox's
+    verdict (timeout / memory) is reached before the scorer's hard kill."""
+    if reward != "code_exec" or not records:
+        return float(timeout_s)
+    from creditlab.rewards.code_exec import max_run_seconds, parse_tests
+
+    return max(float(timeout_s), max_run_seconds(max(len(parse_tests(r["answer"])[0]) for r in records)) + 5.0)
 
 
 def cmd_train(a: argparse.Namespace) -> None:
@@ -352,68 +378,108 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl.
 
     With ``--decode NAME`` the suites are decoded by that test-time decoding (paper config ``decodes``)
-    mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``.
+    mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``. At paper
+    scale only the suites of the tables that read this evaluation (:meth:`Plan.eval_suites`), with vLLM.
     """
-    from creditlab.data.io import read_records
-    from creditlab.tracking.mlflow_tracker import Tracker
-    from creditlab.tracking.provenance import git_commit
-
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
-    if plan.scale == "paper":
-        raise SystemExit(
-            f"evaluate at scale 'paper' ({run.key}) is the vLLM evaluation of the hub models and verl runs (final/), "
-            f"which this checkout does not have yet; see README 'Paper scale'")
     decode = plan.decode(a.decode) if a.decode else None
     if decode is not None and not run.trains:
         raise SystemExit(f"--decode needs a trained RL run, not {run.key!r}")
-    cfg = run_config(run)
+    suites = plan.eval_suites(run, a.decode) if plan.scale == "paper" else None
+    evaluate_run(run, run_config(run), Path(a.results), decode=decode, suites=suites, quiet=a.quiet)
+
+
+def _base_model(cfg: dict[str, Any], base_dir: Path) -> Path:
+    """The base model's directory: the warmed-up tiny model (base_dir), or a hub model's snapshot (the path its
+    `warmup` job recorded in base_dir/DONE)."""
+    if cfg["model"].get("kind") != "hub":
+        return base_dir
+    done = base_dir / "DONE"
+    if not done.is_file():
+        raise SystemExit(f"{done} is missing: the `warmup` job fetches {cfg['model']['hf_id']} first")
+    return Path(json.loads(done.read_text())["path"])
+
+
+def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites: list[str] | None = None,
+                 quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Evaluate one planned run (resolved config ``cfg``) under ``results``: what ``creditlab evaluate`` does.
+
+    suites: suite names (results/<scale>/data/suites/<name>.parquet), None = every suite there. Tiny models:
+    the local sampler or vLLM (``eval.backend``), prompts as trained. Hub models (paper scale): vLLM only, the
+    backbone's tokenizer and its chat template (``eval.chat_template``, as verl's rollout renders prompts), stop
+    tokens = the tokenizer's EOS and the checkpoint's generation_config.json ``eos_token_id``, engines sized by
+    :func:`creditlab.engines.vllm.client.hub_engine_settings`. Writes metrics.json + one jsonl per suite and
+    logs the metrics to the run's MLflow run (a trained run's own; the base model gets one). Returns metrics.
+    """
+    from creditlab.data.io import read_records
+    from creditlab.eval.evaluate import stop_token_ids
+    from creditlab.tracking.mlflow_tracker import Tracker
+    from creditlab.tracking.provenance import git_commit
+
     _setup(cfg)
+    hub = cfg["model"].get("kind") == "hub"
     backend = cfg["eval"].get("backend", "local")
     if backend not in ("local", "vllm"):
         raise SystemExit(f"{run.key}: eval.backend must be 'local' or 'vllm', got {backend!r}")
-    fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed,
-                decode=a.decode)
+    if hub and backend != "vllm":
+        raise SystemExit(f"{run.key}: {cfg['model']['hf_id']} is a hub model, evaluated with vLLM: set "
+                         f"eval.backend=vllm (the local sampler is for the tiny models)")
+    fill = dict(results=results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed,
+                decode=decode.name if decode else None)
     data_dir = paths.fmt(paths.DATA_DIR, **fill)
     out = paths.fmt(paths.EVAL_DIR if decode is None else paths.DECODE_EVAL_DIR, **fill)
-    run_dir, base_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.BASE_DIR, **fill)
+    run_dir = paths.fmt(paths.RUN_DIR, **fill)
+    base_model = _base_model(cfg, paths.fmt(paths.BASE_DIR, **fill))
+    files = (sorted((data_dir / "suites").glob("*.parquet")) if suites is None
+             else [data_dir / "suites" / f"{name}.parquet" for name in suites])  # fmt: skip
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or not files:
+        raise SystemExit(f"{run.key}: no suite file(s) {missing or str(data_dir / 'suites')}: run the `prepare` job")
+    suite_records = {f.stem: read_records(f) for f in files}
     if run.trains:
         config_path = run_dir / "config.yaml"
-        tracker = Tracker.attach(Path(a.results), run.experiment, run.key, local_dir=out)
+        tracker = Tracker.attach(results, run.experiment, run.key, local_dir=out)
     else:
         config_path = out / "config.yaml"
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        tracker = Tracker.start(Path(a.results), run.experiment, run.key, run.key, tags=_tags(run, cfg),
-                                params=cfg, local_dir=out, parent=_parent(run))
+        tracker = Tracker.start(results, run.experiment, run.key, run.key, tags=_tags(run, cfg), params=cfg,
+                                local_dir=out, parent=_parent(run))
+    settings = decode.settings(run.scale) if decode else None
     with tracker, ExitStack() as stack:  # tracker: ends the MLflow run it opened FAILED if anything below raises
-        tok = _load_tokenizer(data_dir)
+        from transformers import AutoTokenizer
+
+        tok = (AutoTokenizer.from_pretrained(str(cfg["model"].get("tokenizer") or base_model)) if hub
+               else _load_tokenizer(data_dir))  # fmt: skip
+        eos_id = stop_token_ids(tok, base_model) if hub else None
         generate_fn, prefix = None, "eval" if decode is None else f"decode/{decode.name}/eval"
         if backend == "vllm":  # vLLM in its own environment (.venv-vllm), one worker process for the evaluation
-            from creditlab.engines.vllm.client import eval_generate_fn
+            from creditlab.engines.vllm.client import eval_generate_fn, hub_engine_settings
 
             model = None
+            eval_cfg = hub_engine_settings(cfg) if hub else cfg["eval"]
             generate_fn = stack.enter_context(eval_generate_fn(
-                cfg["eval"], base_dir=base_dir, run_dir=run_dir if run.trains else None,
-                decode=decode.settings(run.scale) if decode else None))  # fmt: skip
+                eval_cfg, base_dir=base_model, run_dir=run_dir if run.trains else None, decode=settings))  # fmt: skip
         elif decode is None:
-            model = _load_model(run_dir / "final" if run.trains else base_dir)
+            model = _load_model(run_dir / "final" if run.trains else base_model)
         else:
             from creditlab.decoding.extrapolation import make_selective_generate_fn
 
-            model, rl_model = _load_model(base_dir), _load_model(run_dir / "final")
-            generate_fn = make_selective_generate_fn(model, rl_model, **decode.settings(run.scale))
-        suites = {p.stem: read_records(p) for p in sorted((data_dir / "suites").glob("*.parquet"))}
-        result = _evaluate(model, tok, suites, cfg, run.seed, out, a.quiet, generate_fn)
+            model, rl_model = _load_model(base_model), _load_model(run_dir / "final")
+            generate_fn = make_selective_generate_fn(model, rl_model, **settings)
+        result = _evaluate(model, tok, suite_records, cfg, run.seed, out, quiet, generate_fn, eos_id)
         result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
-                                "config": str(config_path), "scale": run.scale,
-                                "decode": decode.settings(run.scale) | {"name": decode.name} if decode else None}
+                                "config": str(config_path), "scale": run.scale, "model": str(
+                                    run_dir / "final" if run.trains else base_model),
+                                "decode": settings | {"name": decode.name} if decode else None}  # fmt: skip
         _write_json(result, out / "metrics.json")
         flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
         flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
                  if r.get("replacement_rate") is not None}
         tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
         tracker.log_artifact(out / "metrics.json")
+    return result
 
 
 def cmd_table(a: argparse.Namespace) -> None:
@@ -480,7 +546,7 @@ def cmd_ledger(a: argparse.Namespace) -> None:
 def cmd_diagnose(a: argparse.Namespace) -> None:
     """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON)."""
     from creditlab.data.io import read_records
-    from creditlab.data.schema import render_prompt
+    from creditlab.data.schema import render_record_prompt
     from creditlab.decoding.diagnostics import collect_token_stats, summarize
     from creditlab.tables.figures import plot_token_histograms
 
@@ -497,7 +563,7 @@ def cmd_diagnose(a: argparse.Namespace) -> None:
     base = _load_model(paths.fmt(paths.BASE_DIR, **fill)).eval()
     rl = _load_model(paths.fmt(paths.RUN_DIR, **fill) / "final").eval()
     records = [r for s in a.suites.split(",") for r in read_records(data_dir / "suites" / f"{s}.parquet")]
-    prompts = [tok(render_prompt(r["question"], cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
+    prompts = [tok(render_record_prompt(r, cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
     e = cfg["eval"]
     values = {src: collect_token_stats(base, rl, prompts, source=src, max_new_tokens=e["max_new_tokens"],
                                        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,

@@ -142,6 +142,14 @@ class Plan:
                                   for col in spec.columns_at(table, self.scale)
                                   for bench, _ in spec.leaves_at(table, col, self.scale)[0]))
 
+    def eval_suites(self, run: Run, decode: str | None = None) -> list[str]:
+        """The suites of every table that reads the evaluation of ``run`` (decoded with ``decode``, None: plain),
+        in table order: what that evaluation must cover at this scale (paper scale evaluates only these)."""
+        return list(dict.fromkeys(
+            suite for paper, table in self.tables
+            if any(r.key == run.key and d == decode for r, d in self.table_evals(paper, table))
+            for suite in self.table_suites(paper, table)))  # fmt: skip
+
     def decode(self, name: str) -> DecodeSpec:
         if name not in self.decodes:
             raise PlanError(f"unknown decoding {name!r}; planned decodings: {sorted(self.decodes)}")

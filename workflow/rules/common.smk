@@ -62,6 +62,20 @@ def train_gpus(wildcards):
     return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[1]
 
 
+@functools.lru_cache(maxsize=None)
+def _eval_gpus(backbone, run, seed):
+    """GPUs of one evaluation job: at paper scale the run's eval.vllm.extra.tensor_parallel_size (vLLM shards the
+    model over them; configs/scale/paper.yaml sets it to the backbone's rollout_tp); at tiny/micro one."""
+    if SCALE != "paper":
+        return 1
+    extra = run_config(PLAN.runs[run_key(SCALE, backbone, run, int(seed))])["eval"]["vllm"].get("extra") or {}
+    return int(extra.get("tensor_parallel_size", 1))
+
+
+def eval_gpus(wildcards):
+    return _eval_gpus(wildcards.backbone, wildcards.run, wildcards.seed)
+
+
 def log_for(name):
     return f"{RESULTS}/{SCALE}/logs/{name}.log"
 

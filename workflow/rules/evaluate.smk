@@ -9,6 +9,7 @@ rule evaluate:
     threads: 1
     resources:
         mem_mb=3000,
+        gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
     params:
         cli=CLI,
     conda:
@@ -28,6 +29,7 @@ rule evaluate_decode:
     threads: 1
     resources:
         mem_mb=3000,
+        gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
     params:
         cli=CLI,
     conda:

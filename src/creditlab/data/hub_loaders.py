@@ -408,7 +408,10 @@ def load_livecodebench(
                 source="livecodebench",
                 split=split,
                 question=_text(row, "question_content", where),
-                answer=json.dumps(public + private),
+                # functional tests carry func_name: the gold alone says how to call a solution (the verifier
+                # of both engines and the evaluator judges (code, gold) with nothing else)
+                answer=json.dumps([t | {"func_name": func_name} if t["testtype"] == "functional" else t
+                                   for t in public + private]),
                 meta=meta,
             )
         )

@@ -22,7 +22,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from creditlab.data.io import read_records, write_records
-from creditlab.data.schema import check_template, render_prompt, render_response
+from creditlab.data.schema import check_template, render_record_prompt, render_response
 from creditlab.data.synthetic import (
     DEFAULT_MAX_VALUE,
     DEFAULT_OPS,
@@ -111,7 +111,7 @@ def _questions(splits: Iterable[Records]) -> set[str]:
 
 def _texts(records: Records, template: str) -> tuple[list[str], list[str]]:
     """Rendered prompts and responses (without EOS) of ``records``."""
-    prompts = [render_prompt(rec["question"], template) for rec in records]
+    prompts = [render_record_prompt(rec, template) for rec in records]
     responses = [render_response(rec["solution"], template) for rec in records]
     return prompts, responses
 

@@ -35,8 +35,8 @@ from creditlab.data.dedupe import (
 )
 from creditlab.data.hub_registry import find_files, get_dataset, iter_dataset
 from creditlab.data.io import read_records, write_records
-from creditlab.data.schema import check_template, render_prompt
-from creditlab.data.verl_format import WRITABLE_KINDS, write_verl_parquet
+from creditlab.data.schema import check_template, render_record_prompt
+from creditlab.data.verl_format import write_verl_parquet
 
 log = logging.getLogger(__name__)
 
@@ -353,17 +353,12 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
     splits = {"train": train, **({"val": val} if val else {})}
     files: dict[str, str] = {}
     verl_files: dict[str, str] = {}
-    verl_skipped: dict[str, str] = {}
     for name, records in {**splits, **(suite_records if write_suites else {})}.items():
         rel = f"{name}.parquet" if name in splits else f"suites/{name}.parquet"
         write_records(records, out_dir / rel)
         files[name] = rel
-        kinds = {get_dataset(r["source"]).kind for r in records}
-        if kinds <= set(WRITABLE_KINDS):
-            write_verl_parquet(records, verl_dir / rel, template=template)
-            verl_files[name] = _rel(verl_dir / rel, out_dir)
-        else:
-            verl_skipped[name] = f"no verl prompt template for kind(s) {sorted(kinds - set(WRITABLE_KINDS))}"
+        write_verl_parquet(records, verl_dir / rel, template=template)  # every kind (code: a fenced-program prompt)
+        verl_files[name] = _rel(verl_dir / rel, out_dir)
 
     written = {name: read_records(out_dir / rel) for name, rel in files.items()}
     written_suites = {name: written.get(name, suite_records[name]) for name in suite_records}
@@ -382,7 +377,7 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
 
     everything = {**written_suites, **written}
     counts = {name: len(records) for name, records in everything.items()}
-    max_prompt = {name: max(len(render_prompt(r["question"], template)) for r in recs)
+    max_prompt = {name: max(len(render_record_prompt(r, template)) for r in recs)
                   for name, recs in everything.items() if recs}
     report = {
         "name": cfg["name"],
@@ -391,7 +386,6 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
         "counts": counts,
         "files": files,
         "verl_files": verl_files,
-        "verl_skipped": verl_skipped,
         "sources": sources,
         "dedupe": dedupe_report,
         "contamination": contamination,

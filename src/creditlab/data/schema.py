@@ -132,6 +132,38 @@ def render_prompt(question: str, template: str) -> str:
     return TEMPLATES[template](question)
 
 
+CODE_PREAMBLE = ("You will be given a question (problem specification) and will generate a correct Python program "
+                 "that matches the specification and passes all tests.")
+CODE_FORMAT_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your "
+                       "code within delimiters.")
+CODE_FORMAT_STDIN = ("Read the inputs from stdin, solve the problem and write the answer to stdout (do not directly "
+                     "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when the "
+                     "python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+
+
+def render_code_prompt(question: str, starter_code: str = "") -> str:
+    """The prompt of a code problem for a hub model [ours: after LiveCodeBench's generic code-generation
+    prompt]: the question, then the answer format -- the starter code to complete (LeetCode-style functional
+    problems) or a stdin/stdout program -- in a ```python fenced block, which the code verifier extracts."""
+    fmt = (f"{CODE_FORMAT_STARTER}\n```python\n{starter_code}\n```" if starter_code.strip()
+           else f"{CODE_FORMAT_STDIN}\n```python\n# YOUR CODE HERE\n```")
+    answer = "### Answer: (use the provided format with backticks)"
+    return f"{CODE_PREAMBLE}\n\n### Question:\n{question}\n\n### Format: {fmt}\n\n{answer}\n\n"
+
+
+def render_record_prompt(rec: dict[str, Any], template: str) -> str:
+    """The prompt of one record under ``template``: :func:`render_prompt` of its question, except a code record
+    (verifier kind ``code``, :func:`creditlab.rewards.routing.data_source_kind` of its source) under ``boxed``,
+    which asks for a fenced Python program (:func:`render_code_prompt`, with the record's ``meta.starter_code``)
+    instead of a boxed answer. Every engine and the evaluator render prompts with this function."""
+    from creditlab.rewards.routing import data_source_kind
+
+    check_template(template)
+    if template == "boxed" and data_source_kind(rec["source"]) == "code":
+        return render_code_prompt(rec["question"], str((rec.get("meta") or {}).get("starter_code") or ""))
+    return render_prompt(rec["question"], template)
+
+
 def render_response(solution: str, template: str) -> str:
     """Render the SFT target text that follows a prompt of ``template`` (EOS not included).
 

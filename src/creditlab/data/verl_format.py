@@ -5,9 +5,10 @@ managers consume it (``examples/data_preprocess/gsm8k.py`` writes the same colum
 
 * ``data_source`` (string): the record's ``source`` -- the key verl's reward manager passes to
   ``compute_score`` (``reward_fn_key`` = ``data_source``); it must be one
-  :func:`creditlab.engines.verl.reward.data_source_kind` routes (checked on write);
-* ``prompt`` (list of ``{role, content}``): ``[{"role": "user", "content": render_prompt(question,
-  template)}]`` -- RLHFDataset applies the model's chat template to it;
+  :func:`creditlab.rewards.routing.data_source_kind` routes (checked on write);
+* ``prompt`` (list of ``{role, content}``): ``[{"role": "user", "content": render_record_prompt(record,
+  template)}]`` (code records: a fenced-program prompt) -- RLHFDataset applies the model's chat template to it,
+  as the evaluator does at paper scale;
 * ``ability`` (string): ``math``, ``multiple_choice`` or ``code`` (the verifier family);
 * ``reward_model`` (struct): ``{"style": "rule", "ground_truth": answer}`` -- the reward managers
   read ``reward_model["ground_truth"]``;
@@ -15,8 +16,6 @@ managers consume it (``examples/data_preprocess/gsm8k.py`` writes the same colum
   copies it to the sample's ``index``), "id" (the record id), "meta" (the record's meta as a JSON
   string, where our ``compute_score`` looks up ``n_options`` / ``func_name``)}``.
 
-Code records (LiveCodeBench) are refused: no prompt template for code exists yet in
-:data:`creditlab.data.schema.TEMPLATES`.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from creditlab.data.io import write_rows
-from creditlab.data.schema import FIELDS, render_prompt, validate_record
-from creditlab.engines.verl.reward import data_source_kind
+from creditlab.data.schema import FIELDS, render_code_prompt, render_prompt, render_record_prompt, validate_record
+from creditlab.rewards.routing import KINDS, data_source_kind
 
 VERL_SCHEMA = pa.schema(
     [
@@ -48,27 +47,23 @@ VERL_SCHEMA = pa.schema(
 """The columns and types of our verl parquet files."""
 
 REWARD_STYLE = "rule"
-WRITABLE_KINDS = ("math", "multiple_choice")
+WRITABLE_KINDS = KINDS
 
 
 def verl_row(rec: dict[str, Any], index: int, template: str) -> dict[str, Any]:
     """The verl row of one validated record (see the module docstring).
 
     Raises:
-        ValueError: for an invalid record, a ``source`` the verl reward cannot route, or a code record.
+        ValueError: for an invalid record or a ``source`` the verl reward cannot route.
     """
     validate_record(rec)
     try:
         kind = data_source_kind(rec["source"])
     except ValueError as err:
         raise ValueError(f"record {rec['id']!r}: {err}") from err
-    if kind not in WRITABLE_KINDS:
-        raise ValueError(
-            f"record {rec['id']!r}: no prompt template for {kind} records (kinds written: {WRITABLE_KINDS})"
-        )
     return {
         "data_source": rec["source"],
-        "prompt": [{"role": "user", "content": render_prompt(rec["question"], template)}],
+        "prompt": [{"role": "user", "content": render_record_prompt(rec, template)}],
         "ability": kind,
         "reward_model": {"style": REWARD_STYLE, "ground_truth": rec["answer"]},
         "extra_info": {
@@ -104,12 +99,18 @@ def record_from_verl_row(row: dict[str, Any], template: str = "boxed") -> dict[s
     Used to check a round trip; raises ValueError when the prompt was not rendered with ``template``.
     """
     content = row["prompt"][-1]["content"]
-    marker = render_prompt("\x00", template)
+    extra = row["extra_info"]
+    meta = json.loads(extra["meta"])
+    code = template == "boxed" and data_source_kind(row["data_source"]) == "code"
+    marker = (render_code_prompt("\x00", "\x01") if code else render_prompt("\x00", template))
+    if code and not str(meta.get("starter_code") or "").strip():
+        marker = render_code_prompt("\x00")
     head, _, tail = marker.partition("\x00")
+    if code:
+        tail = tail.replace("\x01", str(meta.get("starter_code") or ""))
     if not (content.startswith(head) and content.endswith(tail)):
         raise ValueError(f"prompt of {row['extra_info']['id']!r} was not rendered with template {template!r}")
     question = content[len(head) : len(content) - len(tail)]
-    extra = row["extra_info"]
     rec = {
         "id": extra["id"],
         "source": row["data_source"],
@@ -117,7 +118,7 @@ def record_from_verl_row(row: dict[str, Any], template: str = "boxed") -> dict[s
         "question": question,
         "answer": row["reward_model"]["ground_truth"],
         "solution": None,
-        "meta": json.loads(extra["meta"]),
+        "meta": meta,
     }
     validate_record(rec)
     return {f: rec[f] for f in FIELDS}

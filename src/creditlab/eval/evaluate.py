@@ -24,7 +24,7 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ import torch
 
 from creditlab.progress import progress as progress_bar
 
-from creditlab.data.schema import render_prompt
+from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local.sampler import Generation, generate
 from creditlab.eval.metrics import bootstrap_average, per_question_metrics, summarize_suite
 from creditlab.rewards.scorer import RewardScorer
@@ -73,15 +73,49 @@ def plain_generate_fn(model: torch.nn.Module) -> GenerateFn:
     return fn
 
 
+def stop_token_ids(tokenizer: Any, model_dir: str | Path) -> list[int]:
+    """A hub model's stop tokens: the tokenizer's EOS and its checkpoint's generation_config.json
+    ``eos_token_id`` (an id or a list; chat models end a turn with a token other than the tokenizer's EOS, e.g.
+    Qwen's ``<|im_end|>``), what vLLM stops on by default and so what verl's rollout stopped on."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if not ids:
+        raise ValueError(f"no stop token: tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no EOS and "
+                         f"{gen} names no eos_token_id")
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
 def suite_seed(seed: int, suite: str) -> int:
     """Sampling seed of ``suite``: a deterministic function of ``seed`` and the suite name (31 bits)."""
     return (seed * 1_000_003 + zlib.crc32(suite.encode("utf-8"))) % (2**31 - 1)
 
 
-def encode_prompts(tokenizer: Any, records: Sequence[dict], template: str) -> tuple[list[str], list[list[int]]]:
-    """Rendered prompts and their token ids (the tokenizer adds BOS) for each record's question."""
-    prompts = [render_prompt(rec["question"], template) for rec in records]
-    return prompts, [list(tokenizer(p)["input_ids"]) for p in prompts]
+def encode_prompts(tokenizer: Any, records: Sequence[dict], template: str, chat: bool = False,
+                   chat_kwargs: dict[str, Any] | None = None) -> tuple[list[str], list[list[int]]]:  # fmt: skip
+    """Rendered prompts and their token ids for each record (:func:`creditlab.data.schema.render_record_prompt`).
+
+    ``chat`` False (tiny models): the text as is, the tokenizer adding BOS. ``chat`` True (hub models, as verl
+    trains them): the text is the user message of a one-turn conversation rendered by the tokenizer's chat
+    template with the generation prompt (``apply_chat_template(..., add_generation_prompt=True)``, verl 0.9.1's
+    rollout prompt), ``chat_kwargs`` passed to it; the returned prompt is the rendered conversation.
+    """
+    texts = [render_record_prompt(rec, template) for rec in records]
+    if not chat:
+        return texts, [list(tokenizer(p)["input_ids"]) for p in texts]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"eval.chat_template is on but tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has "
+                         f"no chat template")
+    kw = dict(add_generation_prompt=True, **(chat_kwargs or {}))
+    prompts, ids = [], []
+    for text in texts:
+        messages = [{"role": "user", "content": text}]
+        prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, **kw))
+        tokens = tokenizer.apply_chat_template(messages, tokenize=True, **kw)
+        ids.append(list(tokens["input_ids"] if isinstance(tokens, Mapping) else tokens))
+    return prompts, ids
 
 
 def _write_jsonl_atomic(rows: Sequence[dict], path: Path) -> None:
@@ -125,10 +159,13 @@ def _decode_suite(
     seed: int,
     batch_size: int | None,
     progress: bool,
+    eos_id: int | list[int] | None = None,
 ) -> tuple[Generation, Generation, DecodeStats]:
     """Greedy generation (one per prompt), sampled generation (k per prompt, question-major) and the
-    decode counters of both, concatenated in that order (only counters both calls returned)."""
-    common = dict(max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id, batch_size=batch_size,
+    decode counters of both, concatenated in that order (only counters both calls returned). ``eos_id``:
+    the stop token(s) (None: the tokenizer's EOS; a list only for decoders that take one, vLLM's)."""
+    eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
+    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, batch_size=batch_size,
                   pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                   progress=progress)  # fmt: skip
     greedy, greedy_stats = generate_fn(prompt_ids, greedy=True, seed=seed, **common)
@@ -229,8 +266,14 @@ def evaluate_suite(
     batch_size: int | None = None,
     progress: bool = True,
     generate_fn: GenerateFn | None = None,
+    chat: bool = False,
+    chat_kwargs: dict[str, Any] | None = None,
+    eos_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
     """Decode, score and summarise one suite; writes ``out_dir/<suite>.jsonl``; returns its summary.
+
+    Prompts: :func:`encode_prompts` (``chat``: the tokenizer's chat template). ``scorer`` judges every
+    generation of the suite (the reward of its verifier kind).
 
     ``seed`` is the suite's own sampling seed (see :func:`suite_seed`). The summary's
     ``mean_response_tokens`` / ``truncated_frac`` (and ``replacement_rate`` / ``changed_rate`` when
@@ -241,10 +284,10 @@ def evaluate_suite(
     if len({rec["id"] for rec in records}) != len(records):
         raise ValueError(f"suite {suite!r} has duplicate record ids")
     t0 = time.perf_counter()
-    prompts, prompt_ids = encode_prompts(tokenizer, records, template)
+    prompts, prompt_ids = encode_prompts(tokenizer, records, template, chat, chat_kwargs)
     greedy_gen, sampled_gen, stats = _decode_suite(
         generate_fn or plain_generate_fn(model), tokenizer, prompt_ids, k=k, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=progress,
+        temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=progress, eos_id=eos_id,
     )  # fmt: skip
     responses = list(greedy_gen.response_ids) + list(sampled_gen.response_ids)
     finished = list(greedy_gen.finished) + list(sampled_gen.finished)
@@ -266,8 +309,21 @@ def evaluate_suite(
         **sampled_stats,
         **{f"greedy_{name}": value for name, value in greedy_stats.items()},
         "seed": seed,
+        "reward": scorer.reward,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _one_or_per_suite(values: dict[str, Any]) -> Any:
+    """The one value of a per-suite (or per-reward) mapping when all are equal (one scorer), else the mapping."""
+    distinct = list({json.dumps(v, sort_keys=True): v for v in values.values()}.values())
+    return distinct[0] if len(distinct) == 1 else values
+
+
+def _reward_stats(scorers: Mapping[str, RewardScorer]) -> dict[str, Any]:
+    """The scorer's counters (one scorer), else ``{reward: counters}`` per distinct scorer."""
+    distinct = list({id(sc): sc for sc in scorers.values()}.values())
+    return distinct[0].stats if len(distinct) == 1 else {sc.reward: sc.stats for sc in distinct}
 
 
 def average_over_suites(suite_results: dict[str, dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
@@ -301,13 +357,20 @@ def evaluate_model(
     top_p: float,
     template: str,
     seed: int,
-    scorer: RewardScorer,
+    scorer: RewardScorer | Mapping[str, RewardScorer],
     out_dir: Path,
     batch_size: int | None = None,
     progress: bool = True,
     generate_fn: GenerateFn | None = None,
+    chat: bool = False,
+    chat_kwargs: dict[str, Any] | None = None,
+    eos_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every suite; write ``<suite>.jsonl`` files and ``metrics.json`` in ``out_dir``.
+
+    ``scorer``: one scorer for every suite, or one per suite name (each suite judged by the reward of its
+    verifier kind: :mod:`creditlab.rewards.routing`). ``chat`` / ``chat_kwargs``: prompts through the
+    tokenizer's chat template (hub models); ``eos_id``: stop token(s), None = the tokenizer's EOS.
 
     suites: suite name -> records (dicts with at least ``id``, ``question``, ``answer``).
     Per question: one greedy decode and ``k`` samples at ``temperature`` / ``top_p``. Returns (and
@@ -322,6 +385,9 @@ def evaluate_model(
     if model is None and generate_fn is None:
         raise ValueError("evaluate_model needs a model or a generate_fn")
     _check_args(suites, k, ks)
+    scorers = dict(scorer) if isinstance(scorer, Mapping) else {name: scorer for name in suites}
+    if set(scorers) != set(suites):
+        raise ValueError(f"one scorer per suite: suites {sorted(suites)}, scorers {sorted(scorers)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     was_training = model is not None and model.training
@@ -334,7 +400,8 @@ def evaluate_model(
             results[name] = evaluate_suite(
                 model, tokenizer, name, suites[name], k=k, ks=ks, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, template=template, seed=suite_seed(seed, name),
-                scorer=scorer, out_dir=out_dir, batch_size=batch_size, progress=progress, generate_fn=generate_fn,
+                scorer=scorers[name], out_dir=out_dir, batch_size=batch_size, progress=progress,
+                generate_fn=generate_fn, chat=chat, chat_kwargs=chat_kwargs, eos_id=eos_id,
             )  # fmt: skip
             bar.set_postfix(suite=name, greedy=f"{results[name]['metrics']['greedy']['mean']:.3f}")
             bar.update(1)
@@ -349,11 +416,13 @@ def evaluate_model(
         "ks": list(ks),
         "settings": {
             "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
-            "template": template, "batch_size": batch_size, "reward": scorer.reward,
-            "reward_timeout_s": scorer.timeout_s, "n_boot": N_BOOT, "alpha": ALPHA,
+            "template": template, "chat_template": chat, "chat_kwargs": chat_kwargs or {}, "eos_id": eos_id,
+            "batch_size": batch_size, "reward": _one_or_per_suite({n: sc.reward for n, sc in scorers.items()}),
+            "reward_timeout_s": _one_or_per_suite({n: sc.timeout_s for n, sc in scorers.items()}),
+            "n_boot": N_BOOT, "alpha": ALPHA,
             "decoder": getattr(generate_fn, "settings", None) or {"name": "sampler"},
         },  # fmt: skip
-        "reward_stats": scorer.stats,
+        "reward_stats": _reward_stats(scorers),
     }
     _write_json_atomic(result, out_dir / "metrics.json")
     return result

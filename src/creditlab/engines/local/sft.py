@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from creditlab.data.schema import render_prompt
+from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.trainer import _autocast, _device, lr_lambda
 from creditlab.progress import progress as progress_bar
@@ -23,7 +23,7 @@ def sft_examples(records: list[dict], tokenizer, template: str) -> tuple[list[li
     """(prompt ids with BOS, response ids ending in EOS) per record; the response is " " + solution."""
     prompts, responses = [], []
     for r in records:
-        prompts.append(tokenizer(render_prompt(r["question"], template))["input_ids"])
+        prompts.append(tokenizer(render_record_prompt(r, template))["input_ids"])
         resp = tokenizer(" " + r["solution"], add_special_tokens=False)["input_ids"]
         responses.append(resp + [tokenizer.eos_token_id])
     return prompts, responses

