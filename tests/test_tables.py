@@ -106,7 +106,8 @@ SPEC_ERRORS = {
     "column without source": (_set([*MAIN, "columns", 1], {"name": "B", "metric": "avg@k"}),
                               "columns[1]", "exactly one", "'average_of'"),
     "bad metric": (_set([*MAIN, "columns", 0, "metric"], "avg@32"), "metric", "'avg@32'",
-                   "['greedy', 'avg@k', 'pass@k', 'pass@1', 'replacement_rate', 'step_time', 'steps_to', 'train_mean']"),
+                   "['greedy', 'avg@k', 'pass@k', 'pass@1', 'replacement_rate', 'step_time', 'steps_to', 'train_mean', "
+                   "'versus']"),
     "duplicate row": (_append_row, "rows[2]", "duplicate row", "Base/Big-7B"),
     "unknown top-level key": (_set(["tabels"], {}), "tabels", "unknown key", "'tables'"),
     "reserved run name": (_set(["runs", "base"], {"method": "dapo"}), "runs.base", "reserved",

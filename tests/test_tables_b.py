@@ -194,7 +194,7 @@ B_ERRORS = {
     "token_credit top 0": (_edit(["figures", "clouds", "top"], 0), "figures.clouds.top", "positive integer"),
     "token_credit base run": (_edit(["figures", "clouds", "run"], "base"), "figures.clouds.run", "'base'"),
     "unknown figure kind": (_edit(["figures", "clouds", "kind"], "clouds"), "kind",
-                            "['replacement_curves', 'token_histograms', 'bars', 'token_credit']"),
+                            "['replacement_curves', 'token_histograms', 'bars', 'token_credit', 'scatter']"),
 }
 
 

@@ -30,9 +30,9 @@ def test_dfpo_cancels_where_gspo_does_not(tmp_path):
 
 
 def test_group_coupled_loss_refuses_scattered_groups(tmp_path):
-    t = make_trainer("dfpo", tmp_path, ["trainer.batching=random", "trainer.mini_batches=2"])
+    """Refused when the trainer is built (algos/compat.py, the check the plan runs), before any step."""
     with pytest.raises(ValueError, match="split a group"):
-        t.train_step(0)
+        make_trainer("dfpo", tmp_path, ["trainer.batching=random", "trainer.mini_batches=2"])
 
 
 def test_table_curves_key_is_validated_and_used():

@@ -185,8 +185,13 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     def add(pname: str, spec: PaperSpec, paper_backbone: str, name: str, seed: int, table: str | None) -> None:
         backbone = spec.backbone_for(paper_backbone, scale)
         # the paper's own settings at this scale (scale_overrides: none at tiny/micro), then the run's overrides
-        overrides = spec.run_overrides(name, paper_backbone, scale)
         method = BASE_RUN if name == BASE_RUN else spec.runs[name].method
+        combine = () if name == BASE_RUN else spec.runs[name].combine
+        try:
+            combination = combination_overrides(scale, backbone, method, combine, config_dir) if combine else ()
+        except PlanError as e:
+            raise PlanError(f"{spec.source}: runs.{name}.combine: {e}") from None
+        overrides = spec.run_overrides(name, paper_backbone, scale, combination)
         run = Run(scale, backbone, name, seed, method, overrides, spec.experiment)
         prev = runs.setdefault(run.key, run)
         if (prev.method, prev.overrides) != (method, overrides):
@@ -220,6 +225,71 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     if validate:
         validate_runs(plan.runs.values(), config_dir)
     return plan
+
+
+COMBINABLE_LOSS = "dapo"
+"""The policy loss a method must have for its credit functions / token filters to be added to another run's method:
+the plain clipped surrogate every credit method is defined on (a method whose mechanism is its loss, e.g. SAPO, GSPO,
+DFPO, is a run's `method`, never combined in: a run has one policy loss)."""
+
+
+def hydra_value(value: Any) -> str:
+    """`value` (None, bool, number, str, list, dict of those) written in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {hydra_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a Hydra override value")
+
+
+_METHODS: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+
+
+def _method_of(scale: str, backbone: str, method: str, config_dir: Path) -> dict[str, Any]:
+    key = (scale, backbone, method, str(config_dir))
+    if key not in _METHODS:
+        _METHODS[key] = compose(scale, backbone, method, (), 0, config_dir)["method"]
+    return _METHODS[key]
+
+
+def combination_overrides(scale: str, backbone: str, method: str, combine: Iterable[str],
+                          config_dir: Path = CONFIG_DIR) -> tuple[str, ...]:
+    """The Hydra overrides that add the credit functions and token filters of the `combine` method configs to
+    `method`'s (lists concatenated in that order; weights multiply, masks multiply: `algos.credit.base.compose_credit`)
+    and name the run's method ``<method>+<m1>+...``.
+
+    A combined method must contribute credit functions or token filters, and its policy loss must be the plain
+    clipped surrogate (`COMBINABLE_LOSS`): its other settings (loss, advantage) are not taken, so a method whose
+    mechanism is its loss or advantage cannot be combined in (PlanError with the reason). What the combination then
+    means for the run's loss and batching is checked with every run (`check_registered` -> `algos.compat`).
+    """
+    base = _method_of(scale, backbone, method, config_dir)
+    credit, filters = list(base.get("credit") or []), list(base.get("token_filter") or [])
+    for m in combine:
+        other = _method_of(scale, backbone, m, config_dir)
+        adds_c, adds_f = list(other.get("credit") or []), list(other.get("token_filter") or [])
+        if not adds_c and not adds_f:
+            raise PlanError(f"method {m!r} has no credit function or token filter to add to {method!r}: its mechanism "
+                            f"is its loss/advantage ({other['policy_loss']}/{other['advantage']}); make it the run's "
+                            f"method instead")
+        if other["policy_loss"] != COMBINABLE_LOSS:
+            raise PlanError(f"method {m!r} is defined with policy loss {other['policy_loss']!r}, not the plain clipped "
+                            f"surrogate {COMBINABLE_LOSS!r}: a run has one policy loss ({method!r}'s "
+                            f"{base['policy_loss']!r}); make {m!r} the run's method instead")
+        clash = sorted({e["name"] for e in adds_c + adds_f} & {e["name"] for e in credit + filters})
+        if clash:
+            raise PlanError(f"method {m!r} adds {clash}, which the run already has")
+        credit, filters = credit + adds_c, filters + adds_f
+    return (f"method.name={hydra_value('+'.join([method, *combine]))}", f"method.credit={hydra_value(credit)}",
+            f"method.token_filter={hydra_value(filters)}")
 
 
 def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> None:
@@ -290,7 +360,7 @@ def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
 
 def check_registered(cfg: dict[str, Any], where: str) -> None:
     """Every name a run config selects must be registered (advantage, loss, credit, token filter,
-    batching, reward)."""
+    batching, reward), and its methods must compose (`creditlab.algos.compat.check_method`)."""
     from creditlab.algos import registry
     from creditlab.rewards import math_verify_reward  # noqa: F401  (registers the reward functions)
 
@@ -301,3 +371,9 @@ def check_registered(cfg: dict[str, Any], where: str) -> None:
     for kind, name in wanted:
         if name not in registry.names(kind):
             raise PlanError(f"{where}: unknown {kind} {name!r}; valid choices: {registry.names(kind)}")
+    from creditlab.algos.compat import IllDefinedComposition, check_method
+
+    try:  # the methods and the trainer settings compose (algos/compat.py: the rules and their reasons)
+        check_method(m, t)
+    except IllDefinedComposition as e:
+        raise PlanError(f"{where}: ill-defined composition: {e}") from None

@@ -172,6 +172,22 @@ def groups_split_frac(minibatches: list[Tensor], group_ids: Tensor) -> float:
     return sum(len(v) > 1 for v in where.values()) / max(1, len(where))
 
 
+WHOLE_GROUP_BATCHINGS = ("query_preserved",)
+"""Batchings that keep every group whole in one mini-batch whatever the batch (QB)."""
+
+
+def keeps_groups_whole(batching: str, n_prompts: int, n_minibatches: int) -> bool:
+    """Whether ``batching`` puts every group of a rollout batch of ``n_prompts`` whole groups (in batch order) whole
+    in one mini-batch, for every batch: QB always; ``sequential`` when the M near-equal contiguous chunks are whole
+    groups (M divides the number of prompts); any other when there is one mini-batch (``random``,
+    ``token_balanced``), never ``sign_partitioned`` (it splits a group with both signs even then)."""
+    if batching in WHOLE_GROUP_BATCHINGS:
+        return True
+    if batching == "sequential":
+        return n_prompts % n_minibatches == 0
+    return n_minibatches == 1 and batching != "sign_partitioned"
+
+
 def _groups(group_ids: Tensor) -> list[Tensor]:
     """Rollout indices of each group, groups in order of first appearance."""
     first: dict[int, list[int]] = {}

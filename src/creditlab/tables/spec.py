@@ -40,7 +40,12 @@ RELATIVE_MODES = ("percent", "ratio")
 STEPS_TO_SMOOTHING = 0.6
 """Default EMA factor of a steps_to column (the training-curve figures' smoothing)."""
 
-METRICS = EVAL_METRICS + TRAINING_METRICS
+COMPARISON_METRICS = ("versus",)
+"""Column metrics that compare each row with a reference row: `versus` = the paired test of the row's `of` column
+against the reference run's (`relative_to`, or the row's own `baseline`), Holm-corrected over every `versus` cell of
+the table, shown as "beats <ref>" / "worse than <ref>" / "noise" with the adjusted p (creditlab.tables.build)."""
+
+METRICS = EVAL_METRICS + TRAINING_METRICS + COMPARISON_METRICS
 
 WEIGHTINGS = ("plain", "count")
 """How a column over several suites averages them: plain mean, or weighted by question count."""
@@ -50,12 +55,13 @@ _TOP_KEYS = ("paper", "title", "experiment", "backbones", "benchmarks", "runs", 
 _ANALYSIS_KEYS = ("kind", "caption", "backbone", "run", "start", "params")
 ANALYSIS_STARTS = ("base", "trained")
 """Where an analysis starts: the warmed-up base model, or the final state (model + optimizer) of its run."""
-FIGURE_KINDS = ("replacement_curves", "token_histograms", "bars", "token_credit")
+FIGURE_KINDS = ("replacement_curves", "token_histograms", "bars", "token_credit", "scatter")
 _FIGURE_KEYS = ("kind", "caption", "table", "x", "y", "backbone", "run", "top", "min_count")
 _FIGURE_KIND_KEYS = {
     "replacement_curves": ("kind", "caption", "table", "x", "y"),
     "token_histograms": ("kind", "caption", "backbone", "run"),
     "bars": ("kind", "caption", "table", "y"),
+    "scatter": ("kind", "caption", "table", "x", "y"),
     "token_credit": ("kind", "caption", "backbone", "run", "top", "min_count"),
 }
 """The keys each figure kind takes (all of them but `caption` required, except token_credit's `top`
@@ -63,13 +69,14 @@ _FIGURE_KIND_KEYS = {
 TOKEN_CREDIT_TOP = 15
 TOKEN_CREDIT_MIN_COUNT = 20
 _REQUIRED_TOP_KEYS = ("paper", "backbones", "benchmarks", "runs", "tables")
-_RUN_KEYS = ("method", "overrides", "scale_overrides")
+_RUN_KEYS = ("method", "overrides", "scale_overrides", "combine")
 ALL_RUNS = "*"
 """Key of a paper's `scale_overrides.<scale>` entry that applies to every run of the paper (and to the evaluation of
 the base model); the other keys are paper backbones."""
 _TABLE_KEYS = ("caption", "columns", "rows", "curves")
 _COLUMN_KEYS = ("name", "benchmark", "benchmarks", "metric", "average_of", "weighting", "relative_to", "relative",
-                "threshold", "smoothing", "key")
+                "threshold", "smoothing", "key", "of")
+_VERSUS_KEYS = ("name", "metric", "of", "relative_to")
 _TRAINING_COLUMN_KEYS = {
     "step_time": ("name", "metric", "relative_to", "relative"),
     "train_mean": ("name", "metric", "key", "relative_to", "relative"),
@@ -89,7 +96,7 @@ _CLAIM_KIND_KEYS = {
     "between": ("row", "over", "under"),
 }
 """The row keys each claim kind requires (the others are refused)."""
-_ROW_KEYS = ("label", "backbone", "run", "decode", "paper")
+_ROW_KEYS = ("label", "backbone", "run", "decode", "paper", "baseline")
 _DECODE_KEYS = ("criterion", "threshold", "gamma", "decode_with", "top_k_support")
 DECODE_CRITERIA = ("dlogp", "kl", "reverse_kl", "js", "entropy", "random")
 DECODE_WITH = ("base", "rl")
@@ -104,6 +111,9 @@ class RunSpec:
     method: str
     overrides: tuple[str, ...] = ()
     scale_overrides: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    combine: tuple[str, ...] = ()
+    """Method configs whose credit functions and token filters are added to `method`'s (``combine: [dlogp]``): the
+    plan appends them to the run's lists (`creditlab.plan.combination_overrides`); their weights multiply."""
 
     def overrides_at(self, scale: str) -> tuple[str, ...]:
         """This run's own overrides at `scale` (empty where it has none)."""
@@ -136,6 +146,13 @@ class Column:
     smoothing: float | None = None
     key: str | None = None
     """train_mean only: the training metric (a key of the runs' metrics.jsonl) averaged over steps."""
+    of: str | None = None
+    """versus only: the earlier accuracy column whose per-question values the paired test compares."""
+
+    @property
+    def is_comparison(self) -> bool:
+        """A `versus` column: a claim per row (row vs the reference run on the `of` column)."""
+        return self.metric in COMPARISON_METRICS
 
     @property
     def series_key(self) -> str:
@@ -166,6 +183,9 @@ class Row:
     decode: str | None = None
     """A test-time decoding (paper config ``decodes``) evaluated with the backbone's base model and
     this row's RL run, instead of plain sampling from the run's model."""
+    baseline: str | None = None
+    """The run this row is compared with in `versus` columns, instead of the column's `relative_to` (e.g. a LoRA
+    row against the LoRA baseline); a row of that run must exist on the same backbone."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +329,9 @@ class TableSpec:
         An `average_of` column expands its referenced columns recursively; a pair appearing
         twice is counted once. A training column (step_time) has none.
         """
+        if column.is_comparison:
+            assert column.of is not None
+            return self.leaves(self.column(column.of))
         if column.average_of is None:
             assert column.metric is not None
             return [(bench, column.metric) for bench in column.paper_benchmarks]
@@ -350,10 +373,13 @@ class PaperSpec:
     (key = that backbone): the paper's own hyperparameters at that scale (``scale_overrides: {paper: {"*": [...]}}``),
     applied before each run's own overrides. See `run_overrides`."""
 
-    def run_overrides(self, run: str, paper_backbone: str, scale: str) -> tuple[str, ...]:
+    def run_overrides(self, run: str, paper_backbone: str, scale: str, combination: tuple[str, ...] = ()
+                      ) -> tuple[str, ...]:
         """The Hydra overrides of `run` on `paper_backbone` at `scale`, in the order they apply (the last value of a
         key wins): the paper's `scale_overrides.<scale>` for every run (``*``), then for `paper_backbone` (the paper's
-        settings at that scale), then the run's `overrides` (every scale), then the run's own
+        settings at that scale), then `combination` (the overrides that add the run's `combine` methods' credit
+        functions and filters: `creditlab.plan.combination_overrides`), then the run's `overrides` (every scale, so
+        ``method.credit.1.alpha=...`` addresses the combined list), then the run's own
         `scale_overrides.<scale>`. The base model (`run` = ``base``) gets the paper's entries only (its evaluation
         settings). A scale without `scale_overrides` adds nothing: there, a run's overrides are its `overrides`.
         """
@@ -362,7 +388,7 @@ class PaperSpec:
         if run == BASE_RUN:
             return paper_level
         spec = self.runs[run]
-        return paper_level + spec.overrides + spec.overrides_at(scale)
+        return paper_level + tuple(combination) + spec.overrides + spec.overrides_at(scale)
 
     def seeds_at(self, scale: str, default: Iterable[int]) -> list[int]:
         """The seeds this paper's tables and figures use at `scale`: its own `seeds` there, else `default`
@@ -645,9 +671,13 @@ def _parse_runs(chk: _Checker, data: Any, scales: list[str]) -> dict[str, RunSpe
             chk.fail(where, f"{BASE_RUN!r} is reserved for the untrained base model")
         body = chk.keys(body, where, _RUN_KEYS, required=("method",))
         overrides = _parse_override_list(chk, body.get("overrides"), f"{where}.overrides")
-        runs[str(name)] = RunSpec(str(name), chk.string(body["method"], f"{where}.method"), overrides,
+        method = chk.string(body["method"], f"{where}.method")
+        combine = chk.strings(body["combine"], f"{where}.combine") if body.get("combine") is not None else ()
+        if method in combine or len(set(combine)) != len(combine):
+            chk.fail(f"{where}.combine", f"lists a method twice (the run's method is {method!r}): {list(combine)}")
+        runs[str(name)] = RunSpec(str(name), method, overrides,
                                   _parse_run_scale_overrides(chk, body.get("scale_overrides"),
-                                                             f"{where}.scale_overrides", scales))
+                                                             f"{where}.scale_overrides", scales), combine)
     return runs
 
 
@@ -666,6 +696,10 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
         _check_metric(chk, body["metric"], f"{where}.metric")
     if body.get("metric") in TRAINING_METRICS:
         return _parse_training_column(chk, body, where, name, kinds, paper)
+    if body.get("metric") in COMPARISON_METRICS:
+        return _parse_versus_column(chk, body, where, name, paper, earlier)
+    if "of" in body:
+        chk.fail(f"{where}.of", "of applies to a versus column only", ["metric: versus"])
     for key in ("relative_to", "relative", "threshold", "smoothing", "key"):
         if key in body:
             owners = TRAINING_METRICS if key.startswith("relative") else (
@@ -685,9 +719,9 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
             if ref not in names:
                 chk.fail(f"{where}.average_of", f"{ref!r} is not a column defined before {name!r}",
                          names)
-            if earlier[names.index(ref)].is_training:
-                chk.fail(f"{where}.average_of", f"{ref!r} is a training-cost column, not an accuracy",
-                         [c.name for c in earlier if not c.is_training])
+            if earlier[names.index(ref)].is_training or earlier[names.index(ref)].is_comparison:
+                chk.fail(f"{where}.average_of", f"{ref!r} is a training-cost column or a versus column, not an accuracy",
+                         [c.name for c in earlier if not (c.is_training or c.is_comparison)])
         return Column(name, average_of=refs, weighting=weighting)
     if "metric" not in body:
         chk.fail(where, "missing required key 'metric'", METRICS)
@@ -699,6 +733,22 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
     for i, bench in enumerate(benches):
         chk.choice(bench, f"{where}.benchmarks[{i}]", benchmarks)
     return Column(name, benchmarks=benches, metric=metric, weighting=weighting)
+
+
+def _parse_versus_column(chk: _Checker, body: dict, where: str, name: str, paper: Mapping[str, Any],
+                         earlier: list[Column]) -> Column:
+    """A versus column: `of` (an earlier accuracy column) and `relative_to` (the reference run), nothing else."""
+    for key in body:
+        if key not in _VERSUS_KEYS:
+            chk.fail(f"{where}.{key}", f"a versus column takes no key {key!r}", _VERSUS_KEYS)
+    for key in ("of", "relative_to"):
+        if key not in body:
+            chk.fail(where, f"a versus column needs {key!r} (of: the accuracy column tested; relative_to: the "
+                     f"reference run)", _VERSUS_KEYS)
+    accuracy = [c.name for c in earlier if not (c.is_training or c.is_comparison)]
+    of = chk.choice(body["of"], f"{where}.of", accuracy)
+    relative_to = chk.choice(body["relative_to"], f"{where}.relative_to", paper["runs"])
+    return Column(name, metric=body["metric"], relative_to=relative_to, of=of)
 
 
 def _parse_training_column(chk: _Checker, body: dict, where: str, name: str, kinds: list[str],
@@ -796,12 +846,15 @@ def _parse_row(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any],
     backbone = chk.choice(body["backbone"], f"{where}.backbone", paper["backbones"])
     run = chk.choice(body["run"], f"{where}.run", [BASE_RUN, *paper["runs"]])
     numbers = _parse_paper_numbers(chk, body.get("paper"), f"{where}.paper", columns)
+    baseline = None
+    if body.get("baseline") is not None:
+        baseline = chk.choice(body["baseline"], f"{where}.baseline", paper["runs"])
     decode = None
     if body.get("decode") is not None:
         decode = chk.choice(body["decode"], f"{where}.decode", paper["decodes"])
         if run == BASE_RUN:
             chk.fail(f"{where}.decode", "a decoding needs a trained RL run, not the base model", paper["runs"])
-    return Row(label, backbone, run, numbers, decode)
+    return Row(label, backbone, run, numbers, decode, baseline)
 
 
 def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
@@ -827,6 +880,13 @@ def _parse_table(chk: _Checker, paper_name: str, name: str, data: Any,
         seen.add((row.label, row.backbone))
         rows.append(row)
     _check_relative_to(chk, where, columns, rows)
+    for i, row in enumerate(rows):
+        if row.baseline is not None and not any(r.run == row.baseline and r.backbone == row.backbone for r in rows):
+            chk.fail(f"{where}.rows[{i}] ({row.label}).baseline", f"no row of run {row.baseline!r} on backbone "
+                     f"{row.backbone!r} to compare with", _unique_list(r.run for r in rows if r.backbone == row.backbone))
+        if row.baseline is not None and not any(c.is_comparison for c in columns):
+            chk.fail(f"{where}.rows[{i}] ({row.label}).baseline", "baseline applies to versus columns, and the table "
+                     "has none")
     caption = " ".join(str(body.get("caption") or "").split())
     extra = {"curves": chk.strings(body["curves"], f"{where}.curves")} if "curves" in body else {}
     return TableSpec(paper_name, str(name), caption, tuple(columns), tuple(rows), **extra)
@@ -884,6 +944,9 @@ def _parse_claims(chk: _Checker, data: Any, tables: Mapping[str, TableSpec]) -> 
         table = chk.choice(body["table"], f"{where}.table", tables)
         spec = tables[table]
         column = chk.choice(body["column"], f"{where}.column", [c.name for c in spec.columns])
+        if spec.column(column).is_comparison:
+            chk.fail(f"{where}.column", "a versus column is itself a set of tested claims; claim the column it tests",
+                     [c.name for c in spec.columns if not c.is_comparison])
         if spec.column(column).metric == "steps_to":
             chk.fail(f"{where}.column", "a steps_to column cannot be tested (one value per seed)",
                      [c.name for c in spec.columns if c.metric != "steps_to"])
@@ -1006,10 +1069,10 @@ def _parse_figures(chk: _Checker, data: Any, tables: Mapping[str, TableSpec], pa
             if key not in allowed:
                 chk.fail(f"{where}.{key}", f"a {kind} figure takes no key {key!r}", allowed)
         caption = " ".join(str(body.get("caption") or "").split())
-        if kind in ("replacement_curves", "bars"):
+        if kind in ("replacement_curves", "bars", "scatter"):
             table = chk.choice(body.get("table"), f"{where}.table", tables)
-            cols = [c.name for c in tables[table].columns]
-            x = chk.choice(body.get("x"), f"{where}.x", cols) if kind == "replacement_curves" else None
+            cols = [c.name for c in tables[table].columns if not c.is_comparison]
+            x = chk.choice(body.get("x"), f"{where}.x", cols) if kind in ("replacement_curves", "scatter") else None
             fig = FigureSpec(str(name), kind, caption, table, x, chk.choice(body.get("y"), f"{where}.y", cols))
         else:
             fig = FigureSpec(str(name), kind, caption,

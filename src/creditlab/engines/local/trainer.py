@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
+from creditlab.algos.compat import check_method
 from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_sign_values,
                                       sign_counts)
 from creditlab.algos.cancellation import cancellation_residual
@@ -139,11 +140,7 @@ class Trainer:
         self.loss_takes_groups = "group_ids" in inspect.signature(self.loss_fn).parameters
         self.credit_fns = method_entries("credit", self.mcfg.get("credit"))
         self.token_filters = method_entries("token_filter", self.mcfg.get("token_filter"))
-        needs_ref = sorted({n for fn, _ in self.credit_fns + self.token_filters for n in credit_inputs_of(fn)
-                            if n in REF_INPUTS})
-        if needs_ref and self.peft is None:
-            raise ValueError(f"method {self.mcfg.get('name')!r} needs {needs_ref} from the reference pass (the forward "
-                             "with the LoRA adapter disabled): set trainer.lora.enable=true")
+        check_method(self.mcfg, t)  # the methods compose (IllDefinedComposition, a ValueError, with the reason)
         self.random_control = bool(self.lcfg.get("random_control")) and self.peft is not None
         # credit/filter settings that name `topk` get the top-K next-token distributions of the old forward
         self.topk = max([int(kw.get("topk") or 0) for _, kw in self.credit_fns + self.token_filters] + [0])
