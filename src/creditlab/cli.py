@@ -610,10 +610,10 @@ def cmd_figure(a: argparse.Namespace) -> None:
         return
     import pandas as pd
 
-    from creditlab.tables.figures import plot_bars, plot_replacement_curves
+    from creditlab.tables.figures import plot_bars, plot_replacement_curves, plot_scatter
 
     df = pd.read_csv(paths.fmt(paths.TABLE_CSV, **fill))
-    plot = {"replacement_curves": plot_replacement_curves, "bars": plot_bars}[fig.kind]
+    plot = {"replacement_curves": plot_replacement_curves, "bars": plot_bars, "scatter": plot_scatter}[fig.kind]
     plot(df, spec, fig, png)
 
 

@@ -46,7 +46,8 @@ import pandas as pd
 from creditlab import paths
 from creditlab.eval.metrics import bootstrap_average, bootstrap_ci, pass_at_k_per_question
 from creditlab.tables.figures import curve, ema, read_jsonl
-from creditlab.tables.spec import BASE_RUN, TRAINING_METRICS, Column, PaperSpec, Row, TableSpec, resolve_metric
+from creditlab.tables.spec import (BASE_RUN, COMPARISON_METRICS, TRAINING_METRICS, Column, PaperSpec, Row, TableSpec,
+                                   resolve_metric)
 
 N_BOOT = 2000
 ALPHA = 0.05
@@ -56,7 +57,7 @@ LONG_COLUMNS = (
     "row", "paper_backbone", "backbone", "run", "column", "suites", "metric", "unit",
     "ours_mean", "ours_lo", "ours_hi", "n_questions", "n_steps", "seeds", "paper", "scale",
     "left_out", "detail", "censored", "ref_censored", "mlflow_run_ids", "run_keys", "commits", "configs",
-    "sources",
+    "sources", "verdict", "p_value", "p_adj",
 )
 """Columns of the long table frame (one line per row x shown column), in CSV order.
 
@@ -66,7 +67,10 @@ n_steps = the steps read, all seeds; its CI resamples the seeds, listed in `seed
 column's paper benchmarks without a stand-in at this scale (";"-joined); detail: for relative cells both
 means, for steps_to the value of every seed (`>N` = never reached in its N steps); censored: how many of
 the row's seeds never reached a steps_to threshold (counted at N: the mean is then a lower bound);
-ref_censored: the same for the relative_to run's seeds (0 for every other cell); sources: the files read."""
+ref_censored: the same for the relative_to run's seeds (0 for every other cell); sources: the files read;
+verdict / p_value / p_adj: a versus cell's claim ("beats <ref>", "worse than <ref>", "noise", "reference"), its
+two-sided p and its Holm-adjusted p over the table's versus cells (ours_mean: the difference in percentage points,
+ours_lo / ours_hi: its 95% paired-bootstrap interval; unit "pp vs <run>")."""
 
 SEP = ";"  # joins several values (one per seed or suite) in one CSV field
 
@@ -382,7 +386,8 @@ def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[i
     blank = {"suites": "", "metric": column.metric or "", "unit": "%", "ours_mean": float("nan"),
              "ours_lo": float("nan"), "ours_hi": float("nan"), "n_questions": 0, "n_steps": 0,
              "left_out": "", "detail": "", "censored": 0, "ref_censored": 0, "mlflow_run_ids": "",
-             "run_keys": "", "commits": "", "configs": "", "sources": ""}
+             "run_keys": "", "commits": "", "configs": "", "sources": "", "verdict": "", "p_value": float("nan"),
+             "p_adj": float("nan")}
     return {"row": row.label, "paper_backbone": row.backbone, "backbone": backbone, "run": row.run,
             "column": column.name, "seeds": SEP.join(map(str, seeds)),
             "paper": row.paper.get(column.name, float("nan")), "scale": scale, **blank, **cells}
@@ -403,6 +408,55 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
                  suites=SEP.join(_unique(suites)), metric=SEP.join(_unique(metrics)), ours_mean=mean,
                  ours_lo=lo, ours_hi=hi, n_questions=sum(len(v) for v in per_suite),
                  left_out=SEP.join(left_out), **_provenance(results))
+
+
+def _per_suite(paper: PaperSpec, table: TableSpec, column: Column, scale: str, results: list[dict[str, Any]],
+               k: int) -> tuple[list[str], list[str], list[np.ndarray]]:
+    """(suites, concrete metrics, per-question values of each suite averaged over the seeds' results) of a column."""
+    leaves, _ = paper.leaves_at(table.name, column, scale)
+    suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
+    metrics = [resolve_metric(metric, k) for _, metric in leaves]
+    return suites, metrics, [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+
+
+def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequence[int], k: int,
+                  cells: list[tuple[Row, Column]], results_of) -> list[dict[str, Any]]:
+    """The lines of a table's versus cells, as one family: per cell the paired bootstrap of the row's `of` column
+    against the reference run's on the same backbone (creditlab.tables.ledger's test, values in percentage points),
+    its two-sided p, Holm over every non-reference cell, the verdict. `results_of(backbone, run)`: the run's
+    evaluations of `seeds` (plain decoding)."""
+    from creditlab.tables.ledger import VERSUS_TEST, paired_bootstrap_diff_suites, versus_verdicts
+
+    out: list[dict[str, Any]] = []
+    family: list[tuple[int, str]] = []
+    stats: list[tuple[float, float, float, float, float]] = []
+    for row, column in cells:
+        backbone = paper.backbone_for(row.backbone, scale)
+        ref = row.baseline or column.relative_to
+        assert ref is not None
+        ref_label = next(r.label for r in table.rows if r.run == ref and r.backbone == row.backbone)
+        mine = results_of(backbone, row.run, row.decode)
+        theirs = results_of(backbone, ref, None)
+        of = table.column(str(column.of))
+        suites, metrics, a = _per_suite(paper, table, of, scale, mine, k)
+        common = dict(unit=f"pp vs {ref}", suites=SEP.join(_unique(suites)), metric=column.metric or "",
+                      n_questions=sum(len(v) for v in a))
+        if row.run == ref and row.decode is None:
+            out.append(_line(row, backbone, column, scale, seeds, verdict="reference", detail=f"reference: {ref_label}",
+                             **common, **_provenance(mine)))
+            continue
+        _, _, b = _per_suite(paper, table, of, scale, theirs, k)
+        st = paired_bootstrap_diff_suites([100.0 * x for x in a], [100.0 * x for x in b], of.weighting,
+                                          alpha=ALPHA / 2)
+        family.append((len(out), ref_label))
+        stats.append(st)
+        out.append(_line(row, backbone, column, scale, seeds, ours_mean=st[0], ours_lo=st[1], ours_hi=st[2],
+                         detail=f"{row.label} vs {ref_label} on {column.of}: {VERSUS_TEST}", **common,
+                         **_provenance(mine + theirs)))
+    verdicts = versus_verdicts([st[0] for st in stats], [st[3] for st in stats], [st[4] for st in stats])
+    for (i, label), (p2, adj, verdict) in zip(family, verdicts):
+        out[i].update(p_value=p2, p_adj=adj, verdict=verdict if verdict == "noise" else f"{verdict} {label}")
+    return out
 
 
 def _unit(column: Column) -> str:
@@ -502,17 +556,22 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
             reached[key] = load_steps_to(runs_dir, backbone, run, seeds, column.threshold, column.smoothing)
         return reached[key]
 
-    lines: list[dict[str, Any]] = []
+    def results_of(backbone: str, run: str, decode: str | None) -> list[dict[str, Any]]:
+        for seed in seeds:
+            if (backbone, run, seed, decode) not in cache:
+                cache[(backbone, run, seed, decode)] = load_eval(Path(evals_dir), backbone, run, seed, decode)
+        return [cache[(backbone, run, seed, decode)] for seed in seeds]
+
+    lines: list[dict[str, Any] | None] = []
+    versus: list[tuple[Row, Column]] = []
     for row in spec.rows:
         backbone = paper.backbone_for(row.backbone, scale)
-        results = []
-        if paper.needs_evals(table, scale):
-            for seed in seeds:
-                key = (backbone, row.run, seed, row.decode)
-                if key not in cache:
-                    cache[key] = load_eval(Path(evals_dir), backbone, row.run, seed, row.decode)
-                results.append(cache[key])
+        results = results_of(backbone, row.run, row.decode) if paper.needs_evals(table, scale) else []
         for column in columns:
+            if column.is_comparison:  # a family over the whole table: filled in below
+                versus.append((row, column))
+                lines.append(None)
+                continue
             if not column.is_training:
                 lines.append(_eval_line(paper, spec, row, column, scale, seeds, results, k))
                 continue
@@ -526,7 +585,8 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
             ref = step_times(backbone, column.relative_to, k_) if trained and column.relative_to else None
             lines.append(_step_time_line(row, backbone, column, scale, seeds,
                                          step_times(backbone, row.run, k_) if trained else None, ref))
-    return pd.DataFrame(lines, columns=list(LONG_COLUMNS))
+    filled = iter(_versus_lines(paper, spec, scale, seeds, k, versus, results_of) if versus else [])
+    return pd.DataFrame([line if line is not None else next(filled) for line in lines], columns=list(LONG_COLUMNS))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -567,6 +627,13 @@ def _count(value: Any) -> int:
 def _ours_cell(line: Any) -> str:
     """Our cell in the wide table: mean [lo, hi] in the line's unit; steps_to cells marked when censored."""
     unit, detail = str(line.unit), line.detail if isinstance(line.detail, str) else ""
+    if line.metric in COMPARISON_METRICS:
+        verdict = str(getattr(line, "verdict", "") or "")
+        if verdict == "reference":
+            return "reference"
+        return (f"**{verdict}** ({_fmt_signed(line.ours_mean).removesuffix('%')} pp "
+                f"[{_fmt_signed(line.ours_lo).removesuffix('%')}, {_fmt_signed(line.ours_hi).removesuffix('%')}], "
+                f"p_adj = {_fmt_p(line.p_adj)})")
     if line.metric in TRAINING_METRICS and line.run == BASE_RUN:
         return ""  # the base model is not trained: no step time, no training reward
     steps_to = line.metric == "steps_to"
@@ -598,6 +665,11 @@ def _ours_cell(line: Any) -> str:
         return cell
     f = _fmt_sig if line.metric == "train_mean" else _fmt
     return f"{f(line.ours_mean)} [{f(line.ours_lo)}, {f(line.ours_hi)}]"
+
+
+def _fmt_p(value: float) -> str:
+    """A p-value: three significant digits, or an em dash when missing."""
+    return "—" if _missing(value) else f"{value:.3g}"
 
 
 def _fmt_sig(value: float) -> str:
@@ -644,6 +716,19 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
                  df: pd.DataFrame) -> str:
     """One line describing how a column is computed at this scale."""
     column = spec.column(column_name)
+    if column.is_comparison:
+        from creditlab.tables.ledger import VERSUS_TEST
+
+        n = int((df[df["column"] == column_name]["verdict"].astype(str) != "reference").sum()) if len(df) else 0
+        family = int(sum((df[df["column"] == c.name]["verdict"].astype(str) != "reference").sum()
+                         for c in spec.columns if c.is_comparison and c.name in set(df["column"])))
+        return (f"- **{column.name}**: the claim \"row beats its reference\" on **{column.of}** (reference: run "
+                f"`{column.relative_to}` on the same backbone, or the row's own `baseline`), decided by a "
+                f"{VERSUS_TEST}; {n} claims in this column, **{family} in the Holm family** (every versus cell of "
+                f"the table). `beats X` / `worse than X` = Holm-adjusted p < 0.05 with that sign; `noise` = not "
+                f"resolved at this number of questions and seeds. Shown: the difference in percentage points "
+                f"[95% paired-bootstrap interval], p_adj. The test conditions on the trained seeds: the questions "
+                f"are resampled, the training runs are not (seed-to-seed variance of RL is not in p)")
     if column.metric == "steps_to":
         return _steps_to_note(column, scale, df)
     if column.metric == "train_mean":

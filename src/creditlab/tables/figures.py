@@ -228,6 +228,52 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     return save_figure(fig, out_png)
 
 
+def plot_scatter(df, paper, figure, out_png: Path) -> Path:
+    """One point per row of ``figure.table``: column ``figure.y`` against column ``figure.x`` (e.g. accuracy vs cost
+    per step), each with its 95% CIs as error bars in both directions, labelled by row; coloured by the row's verdict
+    when the table has a versus column (claims: beats / worse than / noise / reference). Rows without a value in either
+    column (the base model's cost) are left out with a warning."""
+    import pandas as pd
+
+    table = paper.table(figure.table)
+    cells = {(r, b, c): line for r, b, c, line in zip(df["row"], df["paper_backbone"], df["column"],
+                                                       df.itertuples(index=False))}
+    versus = [c.name for c in table.columns if c.is_comparison and c.name in set(df["column"])]
+    scale = str(df["scale"].iloc[0]) if len(df) else ""
+    colors = {"beats": "C2", "worse": "C3", "noise": "C7", "reference": "black"}
+    pts = []
+    for row in table.rows:
+        x, y = cells.get((row.label, row.backbone, figure.x)), cells.get((row.label, row.backbone, figure.y))
+        if x is None or y is None or pd.isna(x.ours_mean) or pd.isna(y.ours_mean):
+            _warn(f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.x!r} / {figure.y!r} "
+                  f"value; no point")
+            continue
+        verdict = str(getattr(cells.get((row.label, row.backbone, versus[0])), "verdict", "")) if versus else ""
+        pts.append((row.label, x, y, next((v for k, v in colors.items() if verdict.startswith(k)), "C0")))
+    if not pts:
+        raise ValueError(f"figure {figure.name!r}: no row of table {figure.table!r} has both {figure.x!r} and "
+                         f"{figure.y!r}")
+    fig, ax = plt.subplots(figsize=(7.2, 5.0))
+    for label, x, y, color in pts:
+        xerr = np.nan_to_num([[x.ours_mean - x.ours_lo], [x.ours_hi - x.ours_mean]], nan=0.0).clip(min=0.0)
+        yerr = np.nan_to_num([[y.ours_mean - y.ours_lo], [y.ours_hi - y.ours_mean]], nan=0.0).clip(min=0.0)
+        ax.errorbar([x.ours_mean], [y.ours_mean], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=3, ms=5)
+        ax.annotate(label, (x.ours_mean, y.ours_mean), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    if versus:
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colors.items()],
+                  title=f"{versus[0]}", fontsize=7, title_fontsize=7, loc="best")
+    ax.set_xlabel(_y_label(figure.x, str(pts[0][1].unit)))
+    ax.set_ylabel(_y_label(figure.y, str(pts[0][2].unit)))
+    ax.grid(alpha=0.3)
+    title = f"{paper.title.split(':')[0]}: {figure.name}"
+    if scale and scale != "paper":
+        title += f"\n(scale {scale}: tiny models, not the paper's numbers)"
+    ax.set_title(title, fontsize=10)
+    return save_figure(fig, out_png)
+
+
 def plot_token_credit(ranking, out_png: Path, title: str, weight: str = "credit",
                       reference: float | None = None) -> Path:
     """Two horizontal bar panels: the token strings with the highest and the lowest mean weight.

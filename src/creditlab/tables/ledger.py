@@ -141,6 +141,31 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adjusted.tolist()
 
 
+def two_sided_p(p: float, p_reverse: float) -> float:
+    """The two-sided p-value of a difference from its two one-sided bootstrap p-values: min(1, 2 min(p, p_rev))."""
+    return min(1.0, 2.0 * min(p, p_reverse))
+
+
+BEATS, WORSE, TIED = "beats", "worse than", "noise"
+"""The verdicts of a versus cell (row vs reference, two-sided, Holm over the table's versus cells)."""
+
+VERSUS_TEST = ("paired bootstrap over questions (per question the row's and the reference's values averaged over "
+               "the seeds, question indices resampled jointly for both rows, suites independently), two-sided "
+               "p = min(1, 2 min(p+, p-)) from the one-sided bootstrap p-values (1 + #) / (1 + B), Holm-corrected "
+               "over every versus cell of the table (family-wise alpha 0.05)")
+
+
+def versus_verdicts(diffs: Sequence[float], pvalues: Sequence[float], reverse_pvalues: Sequence[float],
+                    alpha: float = ALPHA) -> list[tuple[float, float, str]]:
+    """A family of "row vs reference" comparisons (one per versus cell of a table): per comparison (two-sided p,
+    Holm-adjusted p over the family, verdict): BEATS if adjusted p < alpha and the difference is positive, WORSE if
+    adjusted p < alpha and it is negative, else TIED (noise)."""
+    p2 = [two_sided_p(p, q) for p, q in zip(pvalues, reverse_pvalues)]
+    adj = holm(p2) if p2 else []
+    return [(p, a, (BEATS if d > 0 else WORSE) if a < alpha and d != 0 else TIED)
+            for d, p, a in zip(diffs, p2, adj)]
+
+
 def single_verdict(lo: float, hi: float) -> str:
     """The verdict of one comparison A > B from the one-sided bounds of A - B."""
     if lo > 0:
