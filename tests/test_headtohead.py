@@ -212,7 +212,7 @@ H2H = {
     "title": "Head-to-head toy (test fixture)",
     "backbones": {"B": {"tiny": "tiny-s", "paper": "b"}},
     "benchmarks": {"E": {"tiny": "se", "paper": "e"}, "H": {"tiny": "sh", "paper": "h"}},
-    "runs": {r: {"method": "dapo"} for r in ("dapo", "good", "same", "bad", "lora", "lora-good")},
+    "runs": {r: {"method": "dapo"} for r in ("dapo", "good", "same", "bad", "lora", "lora-good", "lora-same")},
     "tables": {"main": {
         "columns": [
             {"name": "E", "benchmark": "E", "metric": "avg@k"},
@@ -228,6 +228,7 @@ H2H = {
             {"label": "Bad", "backbone": "B", "run": "bad"},
             {"label": "LoRA", "backbone": "B", "run": "lora"},
             {"label": "LoRA good", "backbone": "B", "run": "lora-good", "baseline": "lora"},
+            {"label": "LoRA same", "backbone": "B", "run": "lora-same", "baseline": "lora"},
         ],
     }},
     "figures": {"acc_cost": {"kind": "scatter", "table": "main", "x": "Cost", "y": "Avg"}},
@@ -237,7 +238,8 @@ _BASE = _rng.integers(0, 3, size=N_Q)
 # correct samples out of K per question and seed
 COUNTS = {"dapo": lambda s: _BASE, "same": lambda s: _BASE[::-1].copy() if s == 0 else _BASE,
           "good": lambda s: np.minimum(_BASE + 2, K), "bad": lambda s: np.maximum(_BASE - 2, 0),
-          "lora": lambda s: np.maximum(_BASE - 1, 0), "lora-good": lambda s: np.minimum(_BASE + 1, K)}
+          "lora": lambda s: np.maximum(_BASE - 1, 0), "lora-good": lambda s: np.minimum(_BASE + 1, K),
+          "lora-same": lambda s: np.maximum(_BASE - 1, 0)}
 SEEDS = [0, 1]
 
 
@@ -275,21 +277,23 @@ def _line(df, row):
 
 
 def test_claims_column_verdicts_and_holm_family(built):
-    paper, df, root = built
+    _, df, root = built
     assert _line(df, "DAPO")["verdict"] == "reference" and _line(df, "LoRA")["verdict"] != "reference"
     assert _line(df, "Good")["verdict"] == "beats DAPO"
     assert _line(df, "Bad")["verdict"] == "worse than DAPO"
     assert _line(df, "Same")["verdict"] == "noise"
     assert _line(df, "LoRA good")["verdict"] == "beats LoRA"  # its own baseline row
-    # the numbers: the ledger's paired bootstrap of each row vs its reference, two-sided, Holm over the 5 claims
-    from creditlab.tables.build import seed_averaged, load_eval
+    assert _line(df, "LoRA")["verdict"] in ("worse than DAPO", "noise")
+    assert _line(df, "LoRA same")["verdict"] == "noise vs LoRA"  # not the column's reference: named
+    # the numbers: the ledger's paired bootstrap of each row vs its reference, two-sided, Holm over the 6 claims
+    from creditlab.tables.build import load_eval, seed_averaged
 
     def per_suite(run):
         res = [load_eval(root / "evals", "tiny-s", run, s) for s in SEEDS]
         return [100.0 * seed_averaged(res, s, f"avg@{K}") for s in ("se", "sh")]
 
     pairs = [("Good", "good", "dapo"), ("Same", "same", "dapo"), ("Bad", "bad", "dapo"), ("LoRA", "lora", "dapo"),
-             ("LoRA good", "lora-good", "lora")]
+             ("LoRA good", "lora-good", "lora"), ("LoRA same", "lora-same", "lora")]
     stats = [L.paired_bootstrap_diff_suites(per_suite(r), per_suite(ref), alpha=0.025) for _, r, ref in pairs]
     p2 = [L.two_sided_p(st[3], st[4]) for st in stats]
     adj = L.holm(p2)
@@ -306,10 +310,10 @@ def test_claims_column_in_markdown_and_ledger_cells(built):
     paper, df, root = built
     md = table_markdown(df, paper.table("main"), paper)
     assert "**beats DAPO** (+" in md and "**worse than DAPO** (-" in md and "**noise**" in md
-    assert "5 in the Holm family" in md and "Holm" in md and "conditions on the trained seeds" in md
+    assert "6 in the Holm family" in md and "Holm" in md and "conditions on the trained seeds" in md
     ledger_df, _ = L.build_ledger(paper, "tiny", SEEDS, {"main": df}, root / "evals", K, root / "runs", "sqlite:///x")
     claims = ledger_df[(ledger_df["section"] == "cell") & (ledger_df["column"] == "Claim")]
-    assert len(claims) == 6 and set(claims["unit"]) >= {"pp vs dapo", "pp vs lora"}
+    assert len(claims) == 7 and set(claims["unit"]) >= {"pp vs dapo", "pp vs lora"}
 
 
 def test_accuracy_vs_cost_figure(built, tmp_path):

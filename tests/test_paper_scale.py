@@ -387,8 +387,13 @@ sign-partitioned control (trainer.batching=sign_partitioned: unequal mini-batche
 trains with the local engine only; every other paper-scale run composes with the plug-in."""
 
 
-def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch):
-    """Each of the 110 paper-scale training runs: its verl command's overrides, the verl plug-in's own included
+@pytest.mark.parametrize("papers,n_runs,local_only,several_nodes", [
+    (PAPERS, 110, LOCAL_ENGINE_ONLY, True),
+    (["headtohead"], 57, set(), False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
+], ids=["five-papers", "headtohead"])
+def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch, papers, n_runs,
+                                                             local_only, several_nodes):
+    """Each of the 110 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
     build (actor, ref, rollout, model, algorithm, checkpoint engine, skip, distillation, critic when used), the
@@ -412,8 +417,9 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
 
     t0 = time.perf_counter()
     lora_rank = _vllm_free_lora_check(monkeypatch)
-    runs = [r for r in paper_plan.runs.values() if r.trains]
-    assert len(runs) == 110
+    plan = paper_plan if papers == PAPERS else build_plan({**PIPE, "papers": papers}, validate=False)
+    runs = [r for r in plan.runs.values() if r.trains]
+    assert len(runs) == n_runs
     with CachedComposer(CONFIG_DIR, "run") as composer:
         run_cfgs = [_run_cfg(composer, r) for r in runs]
     models = {c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
@@ -515,7 +521,7 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
                 assert arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * \
                     arr.actor.ulysses_sequence_parallel_size >= t["group_size"] * rollout.max_model_len
             seen.add(key)
-    assert set(refused) == LOCAL_ENGINE_ONLY and len(seen) == 110 - len(LOCAL_ENGINE_ONLY) and multi_node > 0
+    assert set(refused) == local_only and len(seen) == n_runs - len(local_only) and (multi_node > 0) == several_nodes
     assert all("sign-partitioned mini-batches" in why for why in refused.values())
     elapsed = time.perf_counter() - t0
     print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "

@@ -32,7 +32,8 @@ functions and token filters):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from creditlab.algos import registry
 from creditlab.algos.batching import keeps_groups_whole

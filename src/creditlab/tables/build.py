@@ -428,7 +428,7 @@ def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequenc
     from creditlab.tables.ledger import VERSUS_TEST, paired_bootstrap_diff_suites, versus_verdicts
 
     out: list[dict[str, Any]] = []
-    family: list[tuple[int, str]] = []
+    family: list[tuple[int, str, bool]] = []
     stats: list[tuple[float, float, float, float, float]] = []
     for row, column in cells:
         backbone = paper.backbone_for(row.backbone, scale)
@@ -438,9 +438,9 @@ def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequenc
         mine = results_of(backbone, row.run, row.decode)
         theirs = results_of(backbone, ref, None)
         of = table.column(str(column.of))
-        suites, metrics, a = _per_suite(paper, table, of, scale, mine, k)
-        common = dict(unit=f"pp vs {ref}", suites=SEP.join(_unique(suites)), metric=column.metric or "",
-                      n_questions=sum(len(v) for v in a))
+        suites, _, a = _per_suite(paper, table, of, scale, mine, k)
+        common = {"unit": f"pp vs {ref}", "suites": SEP.join(_unique(suites)), "metric": column.metric or "",
+                  "n_questions": sum(len(v) for v in a)}
         if row.run == ref and row.decode is None:
             out.append(_line(row, backbone, column, scale, seeds, verdict="reference", detail=f"reference: {ref_label}",
                              **common, **_provenance(mine)))
@@ -448,14 +448,17 @@ def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequenc
         _, _, b = _per_suite(paper, table, of, scale, theirs, k)
         st = paired_bootstrap_diff_suites([100.0 * x for x in a], [100.0 * x for x in b], of.weighting,
                                           alpha=ALPHA / 2)
-        family.append((len(out), ref_label))
+        family.append((len(out), ref_label, ref != column.relative_to))
         stats.append(st)
         out.append(_line(row, backbone, column, scale, seeds, ours_mean=st[0], ours_lo=st[1], ours_hi=st[2],
                          detail=f"{row.label} vs {ref_label} on {column.of}: {VERSUS_TEST}", **common,
                          **_provenance(mine + theirs)))
     verdicts = versus_verdicts([st[0] for st in stats], [st[3] for st in stats], [st[4] for st in stats])
-    for (i, label), (p2, adj, verdict) in zip(family, verdicts):
-        out[i].update(p_value=p2, p_adj=adj, verdict=verdict if verdict == "noise" else f"{verdict} {label}")
+    for (i, label, own), (p2, adj, verdict) in zip(family, verdicts):
+        # "noise" alone against the column's reference; a row with its own baseline says which
+        text = f"{verdict} vs {label}" if verdict == "noise" and own else (
+            verdict if verdict == "noise" else f"{verdict} {label}")
+        out[i].update(p_value=p2, p_adj=adj, verdict=text)
     return out
 
 

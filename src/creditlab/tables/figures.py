@@ -257,14 +257,18 @@ def plot_scatter(df, paper, figure, out_png: Path) -> Path:
     for label, x, y, color in pts:
         xerr = np.nan_to_num([[x.ours_mean - x.ours_lo], [x.ours_hi - x.ours_mean]], nan=0.0).clip(min=0.0)
         yerr = np.nan_to_num([[y.ours_mean - y.ours_lo], [y.ours_hi - y.ours_mean]], nan=0.0).clip(min=0.0)
-        ax.errorbar([x.ours_mean], [y.ours_mean], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=3, ms=5)
+        ax.errorbar([x.ours_mean], [y.ours_mean], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=2, ms=5,
+                    elinewidth=0.8, alpha=0.8)
         ax.annotate(label, (x.ours_mean, y.ours_mean), xytext=(4, 3), textcoords="offset points", fontsize=7)
     if versus:
         from matplotlib.lines import Line2D
 
         ax.legend(handles=[Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colors.items()],
                   title=f"{versus[0]}", fontsize=7, title_fontsize=7, loc="best")
-    ax.set_xlabel(_y_label(figure.x, str(pts[0][1].unit)))
+    unit_x = str(pts[0][1].unit)
+    if unit_x.startswith("x vs") or unit_x.startswith("% vs"):  # the reference's cost
+        ax.axvline(1.0 if unit_x.startswith("x vs") else 0.0, color="black", lw=0.8, ls=":")
+    ax.set_xlabel(_y_label(figure.x, unit_x))
     ax.set_ylabel(_y_label(figure.y, str(pts[0][2].unit)))
     ax.grid(alpha=0.3)
     title = f"{paper.title.split(':')[0]}: {figure.name}"
