@@ -31,7 +31,7 @@ from creditlab.algos.losses import (
     gspo_loss,
     gspo_seq_log_ratio,
 )
-from creditlab.plan import check_registered, compose
+from creditlab.plan import PlanError, check_registered, compose
 
 D = torch.float64
 GRPO_KW = {"eps_low": 0.2, "eps_high": 0.2, "dual_clip_c": None, "agg": "seq-mean-token-mean"}
@@ -363,6 +363,10 @@ def test_method_configs_compose_and_are_registered():
     logp, old, adv = _groups(13)[:3]
     for method, loss_name in [("gspo", "gspo"), ("grpo_fix", "grpo_fix"), ("dfpo", "dfpo"), ("grpo", "dapo")]:
         cfg = compose(scale="micro", backbone="micro-s", method=method)
+        if loss_name in ("grpo_fix", "dfpo"):  # group-coupled: the scale's default (random) batching splits groups
+            with pytest.raises(PlanError, match=r"\[rule whole_groups\]"):
+                check_registered(cfg, method)
+            cfg = compose(scale="micro", backbone="micro-s", method=method, overrides=["trainer.batching=sequential"])
         check_registered(cfg, method)
         m = cfg["method"]
         assert m["policy_loss"] == loss_name and m["advantage"] == "grpo" and m["credit"] == []
