@@ -286,11 +286,11 @@ def test_claims_column_verdicts_and_holm_family(built):
     assert _line(df, "LoRA")["verdict"] in ("worse than DAPO", "noise")
     assert _line(df, "LoRA same")["verdict"] == "noise vs LoRA"  # not the column's reference: named
     # the numbers: the ledger's paired bootstrap of each row vs its reference, two-sided, Holm over the 6 claims
-    from creditlab.tables.build import load_eval, seed_averaged
+    from creditlab.tables.build import load_eval, seed_matrix
 
-    def per_suite(run):
+    def per_suite(run):  # [questions, seeds]: the seeds are resampled with the questions
         res = [load_eval(root / "evals", "tiny-s", run, s) for s in SEEDS]
-        return [100.0 * seed_averaged(res, s, f"avg@{K}") for s in ("se", "sh")]
+        return [100.0 * seed_matrix(res, s, f"avg@{K}") for s in ("se", "sh")]
 
     pairs = [("Good", "good", "dapo"), ("Same", "same", "dapo"), ("Bad", "bad", "dapo"), ("LoRA", "lora", "dapo"),
              ("LoRA good", "lora-good", "lora"), ("LoRA same", "lora-same", "lora")]
@@ -310,7 +310,7 @@ def test_claims_column_in_markdown_and_ledger_cells(built):
     paper, df, root = built
     md = table_markdown(df, paper.table("main"), paper)
     assert "**beats DAPO** (+" in md and "**worse than DAPO** (-" in md and "**noise**" in md
-    assert "6 in the Holm family" in md and "Holm" in md and "conditions on the trained seeds" in md
+    assert "6 in the Holm family" in md and "Holm" in md and "seed-to-seed variance of RL is in p" in md
     ledger_df, _ = L.build_ledger(paper, "tiny", SEEDS, {"main": df}, root / "evals", K, root / "runs", "sqlite:///x")
     claims = ledger_df[(ledger_df["section"] == "cell") & (ledger_df["column"] == "Claim")]
     assert len(claims) == 7 and set(claims["unit"]) >= {"pp vs dapo", "pp vs lora"}

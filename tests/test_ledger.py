@@ -126,6 +126,41 @@ def test_paired_bootstrap_matches_a_direct_reading():
     assert p_rev == pytest.approx((1 + (boots >= 0).sum()) / 301)
 
 
+def test_seed_columns_are_resampled_with_the_questions():
+    """[questions, seeds] arrays: each draw takes B questions and S seeds with replacement (seed s of both rows
+    together, the same seeds in every suite): a direct reading with the same draws, one-seed columns equal the
+    questions-only test, and a difference that flips sign between training seeds is noise although every
+    seed-averaged question favours A."""
+    rng = np.random.default_rng(4)
+    a = [rng.random((12, 3)), rng.random((7, 3))]
+    b = [rng.random((12, 3)), rng.random((7, 3))]
+    diff, lo, hi, p, p_rev = L.paired_bootstrap_diff_suites(a, b, "count", n_boot=400, seed=9)
+    draws = np.random.default_rng(9)
+    idx = [draws.integers(0, 12, size=(400, 12)), draws.integers(0, 7, size=(400, 7))]
+    seeds = draws.integers(0, 3, size=(400, 3))
+    boots = []
+    for r in range(400):
+        total = 0.0
+        for x, y, i in zip(a, b, idx):  # count weighting: question-count weighted mean over suites
+            total += len(x) * (x[i[r]][:, seeds[r]].mean() - y[i[r]][:, seeds[r]].mean())
+        boots.append(total / 19)
+    boots = np.array(boots)
+    assert diff == pytest.approx((a[0].sum() + a[1].sum() - b[0].sum() - b[1].sum()) / 57)
+    assert lo == pytest.approx(np.quantile(boots, 0.05)) and hi == pytest.approx(np.quantile(boots, 0.95))
+    assert p == pytest.approx((1 + (boots <= 0).sum()) / 401) and p_rev == pytest.approx((1 + (boots >= 0).sum()) / 401)
+    one = [x[:, :1] for x in a], [y[:, :1] for y in b]
+    assert L.paired_bootstrap_diff_suites(*one, n_boot=300, seed=2)[:3] == pytest.approx(
+        L.paired_bootstrap_diff_suites([x[:, 0] for x in a], [y[:, 0] for y in b], n_boot=300, seed=2)[:3])
+    base = rng.random((200, 1)) * 0.01
+    flips = base + np.array([[0.6, -0.5, 0.05]])  # seed 0: A far ahead, seed 1: far behind, seed 2: level
+    per_seed = L.paired_bootstrap_diff_suites([flips], [np.repeat(base, 3, axis=1)], n_boot=2000, seed=0)
+    averaged = L.paired_bootstrap_diff_suites([flips.mean(axis=1)], [base[:, 0]], n_boot=2000, seed=0)
+    assert averaged[3] < 0.001 and L.single_verdict(*averaged[1:3]) == L.HOLDS  # questions alone: "holds"
+    assert per_seed[3] > 0.05 and L.single_verdict(*per_seed[1:3]) == L.NOISE  # with the seeds: noise
+    with pytest.raises(ValueError, match="same seeds"):
+        L.paired_bootstrap_diff_suites([np.ones((3, 2))], [np.ones((3, 3))])
+
+
 def test_several_suites_average_plain_or_weighted():
     a, b = [np.ones(2), np.zeros(6)], [np.zeros(2), np.zeros(6)]
     assert L.paired_bootstrap_diff_suites(a, b, "plain", n_boot=50)[0] == pytest.approx(0.5)

@@ -334,6 +334,11 @@ def _check_summary(suite: dict[str, Any], metric: str, values: np.ndarray, path:
 
 def seed_averaged(results: Sequence[dict[str, Any]], suite: str, metric: str) -> np.ndarray:
     """Per-question values of `metric` on `suite`, averaged over the seeds' results."""
+    return seed_matrix(results, suite, metric).mean(axis=1)
+
+
+def seed_matrix(results: Sequence[dict[str, Any]], suite: str, metric: str) -> np.ndarray:
+    """Per-question values of `metric` on `suite`, one column per seed's result: [n_questions, n_seeds]."""
     per_seed: list[np.ndarray] = []
     ids = None
     for result in results:
@@ -350,7 +355,7 @@ def seed_averaged(results: Sequence[dict[str, Any]], suite: str, metric: str) ->
                              f"{len(values)} {metric} values")
         _check_summary(block, metric, values, result["_path"])
         per_seed.append(values)
-    return np.mean(per_seed, axis=0)
+    return np.stack(per_seed, axis=1)
 
 
 def _cell_stats(per_suite: list[np.ndarray], weighting: str) -> tuple[float, float, float]:
@@ -411,12 +416,14 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
 
 
 def _per_suite(paper: PaperSpec, table: TableSpec, column: Column, scale: str, results: list[dict[str, Any]],
-               k: int) -> tuple[list[str], list[str], list[np.ndarray]]:
-    """(suites, concrete metrics, per-question values of each suite averaged over the seeds' results) of a column."""
+               k: int, per_seed: bool = False) -> tuple[list[str], list[str], list[np.ndarray]]:
+    """(suites, concrete metrics, per-question values of each suite averaged over the seeds' results, or with
+    `per_seed` one column per seed: seed_matrix) of a column."""
     leaves, _ = paper.leaves_at(table.name, column, scale)
     suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
     metrics = [resolve_metric(metric, k) for _, metric in leaves]
-    return suites, metrics, [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+    values = seed_matrix if per_seed else seed_averaged
+    return suites, metrics, [values(results, s, m) for s, m in zip(suites, metrics)]
 
 
 def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequence[int], k: int,
@@ -438,14 +445,14 @@ def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequenc
         mine = results_of(backbone, row.run, row.decode)
         theirs = results_of(backbone, ref, None)
         of = table.column(str(column.of))
-        suites, _, a = _per_suite(paper, table, of, scale, mine, k)
+        suites, _, a = _per_suite(paper, table, of, scale, mine, k, per_seed=True)
         common = {"unit": f"pp vs {ref}", "suites": SEP.join(_unique(suites)), "metric": column.metric or "",
                   "n_questions": sum(len(v) for v in a)}
         if row.run == ref and row.decode is None:
             out.append(_line(row, backbone, column, scale, seeds, verdict="reference", detail=f"reference: {ref_label}",
                              **common, **_provenance(mine)))
             continue
-        _, _, b = _per_suite(paper, table, of, scale, theirs, k)
+        _, _, b = _per_suite(paper, table, of, scale, theirs, k, per_seed=True)
         st = paired_bootstrap_diff_suites([100.0 * x for x in a], [100.0 * x for x in b], of.weighting,
                                           alpha=ALPHA / 2)
         family.append((len(out), ref_label, ref != column.relative_to))
@@ -730,8 +737,9 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
                 f"{VERSUS_TEST}; {n} claims in this column, **{family} in the Holm family** (every versus cell of "
                 f"the table). `beats X` / `worse than X` = Holm-adjusted p < 0.05 with that sign; `noise` = not "
                 f"resolved at this number of questions and seeds. Shown: the difference in percentage points "
-                f"[95% paired-bootstrap interval], p_adj. The test conditions on the trained seeds: the questions "
-                f"are resampled, the training runs are not (seed-to-seed variance of RL is not in p)")
+                f"[95% paired-bootstrap interval], p_adj. The training seeds are resampled with the questions, so "
+                f"seed-to-seed variance of RL is in p; with few seeds the seed resampling is coarse (3 seeds: 10 "
+                f"distinct seed multisets)")
     if column.metric == "steps_to":
         return _steps_to_note(column, scale, df)
     if column.metric == "train_mean":

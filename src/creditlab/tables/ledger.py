@@ -40,7 +40,7 @@ from creditlab.tables.build import (
     load_eval,
     load_step_times,
     row_run_ids,
-    seed_averaged,
+    seed_matrix,
     split_field,
 )
 from creditlab.tables.spec import Claim, PaperSpec, TableSpec, resolve_metric
@@ -55,8 +55,9 @@ NOISE = "not resolved (noise)"
 NOT_TESTABLE = "not testable at this scale"
 VERDICTS = (HOLDS, CONTRADICTED, NOISE, NOT_TESTABLE)
 
-PAIRED_TEST = ("paired bootstrap over questions (question indices resampled jointly for both rows, seeds "
-               "averaged per question, suites resampled independently), one-sided alpha 0.05")
+PAIRED_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of both rows "
+               "together, and per suite the question indices, jointly for both rows; suites independently), "
+               "one-sided alpha 0.05")
 UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
                  "independently), one-sided alpha 0.05")
 
@@ -65,10 +66,18 @@ UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, e
 # statistics (pure)
 
 
-def _suite_means(per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str) -> np.ndarray:
+def _suite_means(per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str,
+                 seed_idx: np.ndarray | None = None) -> np.ndarray:
     """Bootstrap means over suites: per suite the mean of x[idx] (idx: n_boot x n), then the plain or
-    question-count-weighted mean over suites."""
-    means = np.stack([np.asarray(x, dtype=float)[i].mean(axis=1) for x, i in zip(per_suite, idx)])
+    question-count-weighted mean over suites. A per-suite array [n, S] (one column per seed) is resampled in its
+    seeds too: x[idx, seed_idx] (seed_idx: n_boot x S, the same for every suite: a seed is one training run)."""
+    def mean(x: np.ndarray, i: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        if x.ndim == 1:
+            return x[i].mean(axis=1)
+        return x[i[:, :, None], seed_idx[:, None, :]].mean(axis=(1, 2))
+
+    means = np.stack([mean(x, i) for x, i in zip(per_suite, idx)])
     weights = np.array([len(x) for x in per_suite], dtype=float) if weighting == "count" else np.ones(len(per_suite))
     return (weights[:, None] * means).sum(axis=0) / weights.sum()
 
@@ -93,16 +102,26 @@ def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray
                                  ) -> tuple[float, float, float, float, float]:
     """Paired bootstrap of mean(A) - mean(B) over several suites (one per-question array per suite, the
     same questions in A and B): per suite the question indices are resampled jointly for A and B, suites
-    independently. Returns (diff, lo, hi, p, p_reverse): lo / hi the one-sided (1 - alpha) bounds (the alpha
-    and 1 - alpha quantiles), p = P*(diff <= 0), p_reverse = P*(diff >= 0), each (1 + count) / (1 + n_boot)."""
+    independently. Per-suite arrays of shape [n_questions, S] hold one column per training seed (seed s of A
+    paired with seed s of B): a draw then also resamples the S seeds, jointly for A and B and the same for every
+    suite, so the spread between training runs is in the test, not only the spread between questions (with one
+    seed this is the questions-only bootstrap). Returns (diff, lo, hi, p, p_reverse): lo / hi the one-sided
+    (1 - alpha) bounds (the alpha and 1 - alpha quantiles), p = P*(diff <= 0), p_reverse = P*(diff >= 0), each
+    (1 + count) / (1 + n_boot)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired bootstrap needs the same suites on both sides, got {len(a)} and {len(b)}")
+    shapes = {np.shape(x)[1:] for x in [*a, *b]}
+    if len(shapes) != 1:
+        raise ValueError(f"paired bootstrap needs the same seeds in every suite on both sides, got shapes "
+                         f"{[np.shape(x) for x in [*a, *b]]}")
     for x, y in zip(a, b):
         if len(x) != len(y) or len(x) == 0:
             raise ValueError(f"paired bootstrap needs the same questions on both sides, got {len(x)} and {len(y)}")
     rng = np.random.default_rng(seed)
     idx = [rng.integers(0, len(x), size=(n_boot, len(x))) for x in a]
-    boots = _suite_means(a, idx, weighting) - _suite_means(b, idx, weighting)
+    n_seeds = shapes.pop()
+    seed_idx = rng.integers(0, n_seeds[0], size=(n_boot, n_seeds[0])) if n_seeds else None
+    boots = _suite_means(a, idx, weighting, seed_idx) - _suite_means(b, idx, weighting, seed_idx)
     return _bounds(_point(a, weighting) - _point(b, weighting), boots, alpha)
 
 
@@ -149,8 +168,9 @@ def two_sided_p(p: float, p_reverse: float) -> float:
 BEATS, WORSE, TIED = "beats", "worse than", "noise"
 """The verdicts of a versus cell (row vs reference, two-sided, Holm over the table's versus cells)."""
 
-VERSUS_TEST = ("paired bootstrap over questions (per question the row's and the reference's values averaged over "
-               "the seeds, question indices resampled jointly for both rows, suites independently), two-sided "
+VERSUS_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of the row "
+               "and of the reference together, and per suite the question indices, jointly for both rows; suites "
+               "independently), two-sided "
                "p = min(1, 2 min(p+, p-)) from the one-sided bootstrap p-values (1 + #) / (1 + B), Holm-corrected "
                "over every versus cell of the table (family-wise alpha 0.05)")
 
@@ -249,7 +269,7 @@ def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[i
             row = _row_of(table, ref)
             backbone = paper.backbone_for(row.backbone, scale)
             results = [load_eval(Path(evals_dir), backbone, row.run, s, row.decode) for s in seeds]
-            per_row[ref] = [100.0 * sign * seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
+            per_row[ref] = [100.0 * sign * seed_matrix(results, s, m) for s, m in zip(suites, metrics)]
         stats = [paired_bootstrap_diff_suites(per_row[w], per_row[l], column.weighting) for w, l in pairs]
     comps = [Comparison(w, l, *st) for (w, l), st in zip(pairs, stats)]
     if claim.direction == "lower":
