@@ -337,7 +337,10 @@ def test_verl_compute_score_math_and_mc():
 
 
 def test_verl_compute_score_dispatches_code_lazily(monkeypatch):
-    """creditlab.rewards.code_exec may not exist yet: a fake module stands in for it."""
+    """A fake creditlab.rewards.code_exec stands in for the verifier: compute_score dispatches to whatever module is
+    importable under that name at call time (the record is loaded first: validating a code record reads the real
+    module's test parser)."""
+    rec = load_livecodebench(LCB)[1]
     seen = {}
 
     def fake_code_exec_score(response, gold, func_name=None):
@@ -350,7 +353,6 @@ def test_verl_compute_score_dispatches_code_lazily(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "creditlab.rewards.code_exec", fake)
     monkeypatch.setattr(creditlab.rewards, "code_exec", fake, raising=False)
-    rec = load_livecodebench(LCB)[1]
     score = verl_reward.compute_score(
         data_source="livecodebench", solution_str="```python\nclass Solution: ...\n```",
         ground_truth=rec["answer"], extra_info={"meta": rec["meta"]},

@@ -152,11 +152,13 @@ def cmd_init_tracking(a: argparse.Namespace) -> None:
 
 
 def cmd_warmup(a: argparse.Namespace) -> None:
-    """SFT warm-up of one tiny backbone (the shared base model of every method); at paper scale: fetch the hub model."""
+    """SFT warm-up of one tiny backbone (the shared base model of every method) on the train split and the data
+    config's SFT-only ``warmup_extra`` records (the transfer formats); at paper scale: fetch the hub model."""
     if a.scale == "paper":
         _fetch_hub_model(a)
         return
     from creditlab.data.io import read_records
+    from creditlab.data.prepare import warmup_records
     from creditlab.engines.local.sft import save_model, warmup
     from creditlab.models.tiny import build_model, n_params
     from creditlab.tracking.mlflow_tracker import Tracker
@@ -174,8 +176,7 @@ def cmd_warmup(a: argparse.Namespace) -> None:
                                   "git_commit": git_commit()},
                             params=cfg, local_dir=out)
     t0 = time.perf_counter()
-    history = warmup(model, tok, read_records(data_dir / "train.parquet"), cfg, a.seed, tracker.log_metrics,
-                     progress=not a.quiet)
+    history = warmup(model, tok, warmup_records(data_dir), cfg, a.seed, tracker.log_metrics, progress=not a.quiet)
     val = {"val": read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]]}
     acc = _evaluate(model, tok, val, cfg, a.seed, out / "val_eval", a.quiet)["suites"]["val"]["metrics"]["greedy"]["mean"]
     tracker.log_metrics({"val_greedy_acc": acc}, cfg["warmup"]["steps"])

@@ -6,9 +6,12 @@ A record is a plain ``dict`` with exactly these fields:
 - ``source`` (str): dataset name, e.g. ``"tiny_arith"``, ``"deepmath"``, ``"math500"``.
 - ``split`` (str): ``"train"``, ``"val"`` or the evaluation suite name.
 - ``question`` (str): the problem text, without any prompt template.
-- ``answer`` (str): the gold final answer, as math-verify compares it.
-- ``solution`` (str | None): a step-by-step target ending in ``\\boxed{answer}`` (used by SFT),
-  or None when the source has no usable solution.
+- ``answer`` (str): the gold final answer, as math-verify compares it; for a multiple-choice record the
+  correct letter; for a code record (verifier kind ``code``) the test spec (JSON) that
+  :func:`creditlab.rewards.code_exec.parse_tests` reads.
+- ``solution`` (str | None): a step-by-step target (used by SFT) ending in ``\\boxed{answer}``, for a code
+  record in a closed fenced code block (the program the verifier extracts), or None when the source has no
+  usable solution.
 - ``meta`` (dict): JSON-serialisable knobs describing the problem (e.g. ``n_ops``, ``digits``).
 
 Prompt templates (:func:`render_prompt`) turn a question into model input; the matching response
@@ -90,8 +93,40 @@ def validate_record(rec: Any) -> None:
         value = rec[field]
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"field {field!r} must be a non-empty string, got {value!r}")
-    _validate_solution(rec["solution"], rec["answer"])
+    if _is_code(rec["source"]):
+        _validate_code(rec["solution"], rec["answer"])
+    else:
+        _validate_solution(rec["solution"], rec["answer"])
     _validate_meta(rec["meta"])
+
+
+def _is_code(source: str) -> bool:
+    """Whether records of ``source`` are code problems (:func:`creditlab.rewards.routing.data_source_kind`); an
+    unrouted source keeps the boxed-answer rule here (scoring it still raises: nothing routes it)."""
+    from creditlab.rewards.routing import data_source_kind
+
+    try:
+        return data_source_kind(source) == "code"
+    except ValueError:
+        return False
+
+
+def _validate_code(solution: Any, answer: str) -> None:
+    """A code record: ``answer`` is a test spec with at least one test; ``solution`` is None or a string ending
+    with a closed fenced block holding code (what :func:`creditlab.rewards.code_exec.extract_code` reads)."""
+    from creditlab.rewards.code_exec import extract_code, parse_tests
+
+    try:
+        parse_tests(answer)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"field 'answer' of a code record must be a test spec (code_exec.parse_tests): {err}") from err
+    if solution is None:
+        return
+    if not isinstance(solution, str):
+        raise ValueError(f"field 'solution' must be a string or None, got {type(solution).__name__}")
+    if not solution.rstrip().endswith("```") or extract_code(solution) is None:
+        raise ValueError(f"field 'solution' of a code record must end with a closed fenced code block, got "
+                         f"{solution!r}")
 
 
 def _validate_solution(solution: Any, answer: str) -> None:

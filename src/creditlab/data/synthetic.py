@@ -26,7 +26,7 @@ canonical question string (:func:`canonical_question`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -167,6 +167,49 @@ def _inclusive(bounds: Sequence[int], name: str) -> tuple[int, int]:
     return int(bounds[0]), int(bounds[1])
 
 
+def _unique_draws(
+    n: int,
+    draw: Callable[[], tuple[str, Any]],
+    exclude: Iterable[str],
+    *,
+    split: str,
+    available: int,
+    knobs: str,
+) -> list[Any]:
+    """``n`` items from ``draw()`` (which returns ``(key, item)``) with unique keys, none of them in ``exclude``.
+
+    Keys are compared canonically (:func:`canonical_question`). Duplicates and excluded keys are redrawn.
+
+    Raises:
+        ValueError: if fewer than ``n`` distinct problems exist (``available``), or if the generator stalls
+            (the unexcluded part of the space is too small for ``n``); ``knobs`` describes the space.
+    """
+    if n > available:
+        raise ValueError(
+            f"cannot draw {n} unique problems for split {split!r}: only {available} exist with {knobs}; "
+            f"lower n or widen the ranges"
+        )
+    taken = {canonical_question(q) for q in exclude}
+    items: list[Any] = []
+    max_stall, stall = max(10_000, 50 * n), 0
+    while len(items) < n:
+        if stall >= max_stall:
+            raise ValueError(
+                f"split {split!r}: found only {len(items)} of {n} unique problems, then {max_stall} draws in a "
+                f"row gave no new one ({knobs}: {available} problems exist, {len(taken)} are excluded or taken); "
+                f"lower n, widen the ranges or exclude less"
+            )
+        key, item = draw()
+        key = canonical_question(key)
+        if key in taken:
+            stall += 1
+            continue
+        stall = 0
+        taken.add(key)
+        items.append(item)
+    return items
+
+
 def generate_split(
     seed: int,
     n: int,
@@ -192,42 +235,25 @@ def generate_split(
     n_lo, n_hi = _inclusive(n_ops_range, "n_ops_range")
     d_lo, d_hi = _inclusive(digits_range, "digits_range")
     available = sum(count_problems(k, d_hi, ops, max_value) for k in range(n_lo, n_hi + 1))
-    if n > available:
-        raise ValueError(
-            f"cannot draw {n} unique problems for split {split!r}: only {available} exist with "
-            f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, "
-            f"max_value={max_value}; lower n or widen the ranges"
-        )
     rng = np.random.default_rng(seed)
-    taken = {canonical_question(q) for q in exclude}
-    records: list[dict[str, Any]] = []
-    max_stall, stall = max(10_000, 50 * n), 0
-    while len(records) < n:
-        if stall >= max_stall:
-            raise ValueError(
-                f"split {split!r}: found only {len(records)} of {n} unique problems, then "
-                f"{max_stall} draws in a row gave no new one (n_ops in [{n_lo}, {n_hi}], digits "
-                f"in [{d_lo}, {d_hi}]: {available} problems exist, {len(taken)} are excluded or "
-                f"taken); lower n, widen the ranges or exclude less"
-            )
+
+    def draw() -> tuple[str, tuple]:
         n_ops = int(rng.integers(n_lo, n_hi + 1))
         digits = int(rng.integers(d_lo, d_hi + 1))
-        question, answer, solution = generate_problem(rng, n_ops, digits, ops, max_value)
-        key = canonical_question(question)
-        if key in taken:
-            stall += 1
-            continue
-        stall = 0
-        taken.add(key)
-        records.append(
-            make_record(
-                id=f"{source}/{split}/{len(records):06d}",
-                source=source,
-                split=split,
-                question=question,
-                answer=answer,
-                solution=solution,
-                meta={"n_ops": n_ops, "digits": digits, "max_value": max_value},
-            )
+        problem = generate_problem(rng, n_ops, digits, ops, max_value)
+        return problem[0], (n_ops, digits, *problem)
+
+    knobs = f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, max_value={max_value}"
+    draws = _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)
+    return [
+        make_record(
+            id=f"{source}/{split}/{i:06d}",
+            source=source,
+            split=split,
+            question=question,
+            answer=answer,
+            solution=solution,
+            meta={"n_ops": n_ops, "digits": digits, "max_value": max_value},
         )
-    return records
+        for i, (n_ops, digits, question, answer, solution) in enumerate(draws)
+    ]

@@ -7,8 +7,10 @@ routes) and the evaluator (``creditlab evaluate``: one scorer per suite, the rew
 
 Kinds, by ``source`` (case-insensitive) [ours]:
 
-* ``multiple_choice``: GPQA (names containing ``gpqa``) and MMLU-Pro (``mmlu``): reward ``multiple_choice``;
-* ``code``: LiveCodeBench (``livecodebench``, ``code_generation``) and the tiny code task (``tiny_code``):
+* ``multiple_choice``: GPQA (names containing ``gpqa``), MMLU-Pro (``mmlu``) and the tiny multiple-choice task
+  (``tiny_choice``, :mod:`creditlab.data.transfer`): reward ``multiple_choice``;
+* ``code``: LiveCodeBench (``livecodebench``, ``code_generation``) and the tiny code task (``tiny_code``,
+  :mod:`creditlab.data.transfer`):
   reward ``code_exec`` (sandboxed execution against the record's tests);
 * ``math``: names containing ``math``, ``aime``, ``amc``, ``hmmt``, ``brumo``, ``minerva``, ``olympiad``,
   ``deepmath``, ``arith``: the run's own math reward (``trainer.reward``: ``math_verify``, the papers',
@@ -27,7 +29,7 @@ KINDS = ("math", "multiple_choice", "code")
 KIND_REWARDS: Mapping[str, str] = {"multiple_choice": "multiple_choice", "code": "code_exec"}
 """The registered reward of each non-math kind (math: the run's ``trainer.reward``)."""
 
-_MC_MARKERS = ("gpqa", "mmlu")
+_MC_MARKERS = ("gpqa", "mmlu", "tiny_choice")
 _CODE_MARKERS = ("livecodebench", "code_generation", "tiny_code")
 _MATH_MARKERS = ("math", "aime", "amc", "hmmt", "brumo", "minerva", "olympiad", "deepmath", "arith")
 
