@@ -38,4 +38,4 @@ def make_trainer(method, tmp_path, overrides=()):
 
 # ---------------------------------------------------------------------------------------------------
 # the micro end-to-end DAG, shared by tests/test_pipeline_e2e.py and tests/test_browser.py
-from e2e import cancellation_results, delta_results, micro_results, report_html  # noqa: E402,F401
+from e2e import cancellation_results, delta_results, dfpo_main_results, micro_results, report_html  # noqa: E402,F401

@@ -64,7 +64,14 @@ def test_delta_transfer_table_figures_and_tracking(delta_results):
     df = pd.read_csv(delta_results / "micro/tables/delta/transfer.csv")
     assert set(zip(df["row"], df["paper_backbone"])) == {
         (m, b) for m in ("DAPO", "DelTA") for b in ("Olmo3-7B-Base", "Qwen3-8B-Base", "Qwen3-14B-Base")}
-    assert set(df["column"]) == {"Math Avg", "OOD", "Step time (s)", "Overhead vs DAPO"}  # Code: no micro stand-in
+    assert set(df["column"]) == {"Math Avg", "OOD", "Code", "Step time (s)", "Overhead vs DAPO"}
+    for col in ("OOD", "Code"):  # the transfer suites (multiple choice, code execution): a real cell in every row
+        cells = df[df["column"] == col]
+        assert len(cells) == 6 and cells["ours_mean"].between(0, 100).all(), cells
+        assert (cells["ours_lo"] <= cells["ours_mean"]).all() and (cells["ours_mean"] <= cells["ours_hi"]).all()
+    evals = json.loads((delta_results / "micro/evals/micro-s/delta/s0/metrics.json").read_text())["suites"]
+    assert {s: evals[s]["reward"] for s in ("choice4", "choice10", "code")} == {
+        "choice4": "multiple_choice", "choice10": "multiple_choice", "code": "code_exec"}
     steps = df[df["column"] == "Step time (s)"]
     assert (steps["ours_mean"] > 0).all() and (steps["ours_lo"] <= steps["ours_hi"]).all()
     md = (delta_results / "micro/tables/delta/transfer.md").read_text()
@@ -93,6 +100,17 @@ def test_dfpo_compute_table_from_training_metrics_only(delta_results):
     assert all("cancel_rel_residual" in r for r in rows)
     coefs = [r["cancel_group_coef_rel"] for r in rows if r["cancel_group_coef_rel"] == r["cancel_group_coef_rel"]]
     assert all(abs(c) < 1e-6 for c in coefs)  # DFPO cancels in every mini-batch (nan: no gradient that step)
+
+
+def test_dfpo_main_table_has_the_code_column(dfpo_main_results):
+    """Paper E's Table 1 at micro scale: the LiveCodeBench v6 column is the tiny code suite (code_exec), a real
+    cell in every row next to the math ones."""
+    df = pd.read_csv(dfpo_main_results / "micro/tables/dfpo/main.csv")
+    assert set(df["column"]) == {"AIME25", "LiveCodeBench v6", "HMMT25"}
+    code = df[df["column"] == "LiveCodeBench v6"]
+    assert len(code) == 6 and code["ours_mean"].between(0, 100).all(), code
+    rows = [json.loads(x) for x in (dfpo_main_results / "micro/evals/micro-s/dfpo/s0/code.jsonl").read_text().splitlines()]
+    assert rows and all(r["gold"].startswith('{"func_name": "f"') for r in rows)  # graded against the tests
 
 
 def test_table_has_every_row_with_ci_and_provenance(micro_results):

@@ -223,7 +223,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
                                 f"in paper {pname!r}); rename one")
     plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
-        validate_runs(plan.runs.values(), config_dir)
+        check_table_suites(plan, validate_runs(plan.runs.values(), config_dir))
     return plan
 
 
@@ -292,21 +292,40 @@ def combination_overrides(scale: str, backbone: str, method: str, combine: Itera
             f"method.token_filter={hydra_value(filters)}")
 
 
-def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> None:
+def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, list[str] | None]:
     """Compose every run's config and check its registered names (PlanError naming the key / the choices).
 
     The same composition as `run_config` (`creditlab.config_compose.CachedComposer`: Hydra's defaults tree merged
     once per distinct group choice, each run's value overrides applied by Hydra's own routine), so that the whole
-    DAG (70-110 runs) is checked in seconds before any job starts.
+    DAG (70-110 runs) is checked in seconds before any job starts. Returns each run's evaluation suites from its
+    data config (``data.suites``: the tiny world's; None where the data config has none, e.g. the hub data sets).
     """
     from creditlab.config_compose import CachedComposer
 
+    suites: dict[str, list[str] | None] = {}
     with CachedComposer(config_dir, "run") as composer:
         for run in runs:
             cfg = _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
                                                    run.seed))
             if run.method != BASE_RUN:
                 check_registered(cfg, run.key)
+            data_suites = (cfg.get("data") or {}).get("suites")
+            suites[run.key] = list(data_suites) if data_suites is not None else None
+    return suites
+
+
+def check_table_suites(plan: Plan, run_suites: dict[str, list[str] | None]) -> None:
+    """Every suite a table reads (its benchmarks' stand-ins at this scale) is one its runs' data config prepares
+    (``data.suites``; runs whose data config has none are not checked here): PlanError naming the paper, the
+    table, the suite and the valid choices, before any job starts."""
+    for paper, table in plan.tables:
+        wanted = plan.table_suites(paper, table)
+        for run, _ in plan.table_evals(paper, table):
+            have = run_suites.get(run.key)
+            missing = [s for s in wanted if have is not None and s not in have]
+            if missing:
+                raise PlanError(f"paper {paper!r} table {table!r} reads suite(s) {missing} at scale {plan.scale!r}, "
+                                f"which run {run.key!r}'s data config does not prepare; valid: {have}")
 
 
 def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int) -> list[str]:
