@@ -52,8 +52,8 @@ WARMUP_EXTRA = "warmup_extra"
 def check_disjoint(
     train: Iterable[dict[str, Any]], others: Mapping[str, Iterable[dict[str, Any]]]
 ) -> dict[str, int]:
-    """Count, for each named split in ``others``, its records whose problem key (canonical question, or an MC /
-    code record's underlying problem: :func:`~creditlab.data.transfer.problem_key`) is in ``train``."""
+    """Count, for each named split in ``others``, its records whose problem key (the canonical question; an MC
+    record's arithmetic expression: :func:`~creditlab.data.transfer.problem_key`) is in ``train``."""
     seen = {problem_key(rec) for rec in train}
     return {name: sum(problem_key(rec) in seen for rec in records) for name, records in others.items()}
 
