@@ -42,6 +42,9 @@ def delta_results(micro_results) -> Path:
         "tables/dfpo/compute.csv")]
     proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta,dfpo")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    # Paper E's compute table reads training metrics only: no evaluation job ran for it (checked here, before
+    # dfpo_main_results evaluates the same runs for Paper E's main table)
+    assert not (micro_results / "micro/evals/micro-s/dfpo").exists()
     return micro_results
 
 
