@@ -298,7 +298,8 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
     The same composition as `run_config` (`creditlab.config_compose.CachedComposer`: Hydra's defaults tree merged
     once per distinct group choice, each run's value overrides applied by Hydra's own routine), so that the whole
     DAG (70-110 runs) is checked in seconds before any job starts. Returns each run's evaluation suites from its
-    data config (``data.suites``: the tiny world's; None where the data config has none, e.g. the hub data sets).
+    data config (``data.suites``: the tiny world's suites, or at paper scale the catalogue configs/suites/paper.yaml;
+    None where a data config has none).
     """
     from creditlab.config_compose import CachedComposer
 
