@@ -21,14 +21,18 @@ program that computes the function passes (the tests never see the solution's te
 **Multiple choice** (source :data:`CHOICE_SOURCE`) [ours]: an arithmetic problem of the main task with
 ``n_options`` numeric options (the answer and near misses: answer + offsets from :data:`CHOICE_OFFSETS`),
 shuffled by :func:`creditlab.rewards.multiple_choice.shuffle_options` (per question id, the paper-scale
-rule), one option per line written value first, ``118 (C)`` (:func:`render_choice_question`); the answer is
-the correct letter, the solution the problem's steps, the letter after the value, then ``\\boxed{letter}``:
-``18*6=108 108+69=177 177-59=118 (C) \\boxed{C}``. Why value first, not the hub suites' ``C) 118``
-(:func:`~creditlab.rewards.multiple_choice.render_mc_question`): a causal model that has computed 118 finds
-the letter by copying what follows ``118 (`` in the prompt (an induction-head lookup); with the letter before
-the value it has to look backwards from the match. Measured with the ``C) 118`` layout (tiny-s after the
-900-step warm-up, 200 questions each): greedy 0.27 on 4 options and 0.085 on 10, chance level, while the
-value was computed right on 55% of the 4-option questions.
+rule) and rendered by :func:`~creditlab.rewards.multiple_choice.render_mc_question`; the answer is the
+correct letter, the solution the problem's steps then ``\\boxed{letter}``.
+
+Not learnt by the tiny models yet (measured, tiny-s, 400k parameters, 900-step warm-up with the default
+``warmup_extra``, 200 questions per suite, greedy): 0.27 on ``choice4`` and 0.085 on ``choice10``, chance level,
+while the value is computed right on 55% of the ``choice4`` questions: the value -> letter lookup is what fails.
+The model answers mostly one or two letters (choice4: B 130, C 69, A 1 of 200). Two other layouts did no better:
+options written value first, ``118 (C)``, with the letter after the value in the solution (its own 900-step
+warm-up): 0.26 / 0.105 (choice4: B 156 of 200); that model trained 300 more steps on the MC
+records alone: 0.23 / 0.10; consecutive options with the letter glued to the value, ``118C``, 300 MC-only steps
+from the same model: 0.265 / 0.115. So the tiny OOD (multiple-choice) cells are chance-level numbers until a task
+or model the tiny world learns is found; the code task is learnt (greedy 0.72-0.87 after the same warm-up).
 
 Uniqueness and leakage: every record has a problem key (:func:`problem_key`): an MC record's arithmetic
 expression (shared with the arithmetic task, so an MC suite problem never appears in arithmetic training
@@ -55,7 +59,7 @@ from creditlab.data.synthetic import (
     count_problems,
     generate_problem,
 )
-from creditlab.rewards.multiple_choice import LETTERS, shuffle_options
+from creditlab.rewards.multiple_choice import render_mc_question, shuffle_options
 
 CODE_SOURCE = "tiny_code"
 """``source`` of the code records (routed to ``code_exec``)."""
@@ -149,11 +153,6 @@ def generate_code_split(
 # --- multiple choice ------------------------------------------------------------------------------------------
 
 
-def render_choice_question(expr: str, options: Sequence[str]) -> str:
-    """The question of a tiny MC record: the expression, then one ``value (letter)`` line per option."""
-    return "\n".join([expr, *(f"{value} ({LETTERS[i]})" for i, value in enumerate(options))])
-
-
 def choice_options(rng: np.random.Generator, answer: int, n_options: int) -> list[str]:
     """``[answer, distractor, ...]``: ``n_options - 1`` distinct non-negative near misses, in offset order."""
     if not 2 <= n_options <= MAX_OPTIONS:
@@ -198,10 +197,10 @@ def generate_choice_split(
             _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)):
         rid = f"{CHOICE_SOURCE}/{split}/{i:06d}"
         shuffled, letter = shuffle_options(opts, 0, seed, rid)
-        steps = solution[: solution.rindex(boxed(opts[0]))].rstrip()  # the arithmetic steps, ending "=value"
+        steps = solution[: solution.rindex(boxed(opts[0]))]  # the arithmetic steps, then the letter
         records.append(make_record(
-            id=rid, source=CHOICE_SOURCE, split=split, question=render_choice_question(expr, shuffled),
-            answer=letter, solution=f"{steps} ({letter}) {boxed(letter)}",
+            id=rid, source=CHOICE_SOURCE, split=split, question=render_mc_question(expr, shuffled), answer=letter,
+            solution=steps + boxed(letter),
             meta={"problem": expr, "value": opts[0], "n_options": len(opts), "n_ops": n_ops, "digits": digits,
                   "max_value": max_value}))
     return records
