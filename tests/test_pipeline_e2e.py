@@ -109,7 +109,8 @@ def test_dfpo_main_table_has_the_code_column(dfpo_main_results):
     assert set(df["column"]) == {"AIME25", "LiveCodeBench v6", "HMMT25"}
     code = df[df["column"] == "LiveCodeBench v6"]
     assert len(code) == 6 and code["ours_mean"].between(0, 100).all(), code
-    rows = [json.loads(x) for x in (dfpo_main_results / "micro/evals/micro-s/dfpo/s0/code.jsonl").read_text().splitlines()]
+    jsonl = dfpo_main_results / "micro/evals/micro-s/dfpo/s0/code.jsonl"
+    rows = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert rows and all(r["gold"].startswith('{"func_name": "f"') for r in rows)  # graded against the tests
 
 

@@ -250,7 +250,8 @@ def test_shipped_configs_have_the_transfer_suites() -> None:
     assert cfg["suites"]["choice4"]["options"] == 4 and cfg["suites"]["choice10"]["options"] == 10
     micro = yaml.safe_load((REPO / "configs" / "scale" / "micro.yaml").read_text())["data"]
     assert set(micro["suites"]) == set(cfg["suites"]) and set(micro[WARMUP_EXTRA]) == set(cfg[WARMUP_EXTRA])
-    for paper, bench in (("delta", "GPQA-D"), ("delta", "MMLU-Pro"), ("delta", "CodeGen"), ("dfpo", "LiveCodeBench-v6")):
+    mapped = (("delta", "GPQA-D"), ("delta", "MMLU-Pro"), ("delta", "CodeGen"), ("dfpo", "LiveCodeBench-v6"))
+    for paper, bench in mapped:
         spec = yaml.safe_load((REPO / "configs" / "papers" / f"{paper}.yaml").read_text())["benchmarks"][bench]
         assert spec["tiny"] == spec["micro"] and spec["tiny"] in cfg["suites"], (paper, bench)
 

@@ -171,8 +171,9 @@ def _assert_no_overlap(overlap: dict[str, dict[str, int]]) -> None:
 def warmup_records(data_dir: Path) -> Records:
     """The SFT warm-up's records of a prepared data directory: ``train`` (the RL task) and, when the data config
     has ``warmup_extra``, its SFT-only records of the transfer formats (files named in ``prep_report.json``)."""
-    files = json.loads((Path(data_dir) / "prep_report.json").read_text())["files"]
-    return [rec for name in ("train", WARMUP_EXTRA) if name in files for rec in read_records(Path(data_dir) / files[name])]
+    data_dir = Path(data_dir)
+    files = json.loads((data_dir / "prep_report.json").read_text())["files"]
+    return [rec for name in ("train", WARMUP_EXTRA) if name in files for rec in read_records(data_dir / files[name])]
 
 
 def _write_splits(out_dir: Path, splits: dict[str, Records], suite_names: list[str]) -> dict[str, str]:
