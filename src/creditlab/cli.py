@@ -376,18 +376,18 @@ def _slurm_cpus() -> int | None:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> None:
-    """Evaluate a trained run (or the base model) on every suite: greedy, avg@k, pass@k, per-sample jsonl.
+    """Evaluate a trained run (or the base model) on the suites of its tables: greedy, avg@k, pass@k, per-sample jsonl.
 
     With ``--decode NAME`` the suites are decoded by that test-time decoding (paper config ``decodes``)
-    mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``. At paper
-    scale only the suites of the tables that read this evaluation (:meth:`Plan.eval_suites`), with vLLM.
+    mixing the backbone's base model and the run's RL model; results land under ``decode/NAME/``. The suites are
+    those of the tables (of every paper) that read this evaluation (:meth:`Plan.eval_suites`).
     """
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
     decode = plan.decode(a.decode) if a.decode else None
     if decode is not None and not run.trains:
         raise SystemExit(f"--decode needs a trained RL run, not {run.key!r}")
-    suites = plan.eval_suites(run, a.decode) if plan.scale == "paper" else None
+    suites = plan.eval_suites(run, a.decode)  # the suites of the tables that read this evaluation (every paper)
     evaluate_run(run, run_config(run), Path(a.results), decode=decode, suites=suites, quiet=a.quiet)
 
 
