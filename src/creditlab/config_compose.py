@@ -14,9 +14,12 @@ a type mismatch, an unknown group option), ~15x cheaper per run. `tests/test_pap
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+import math
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -77,3 +80,41 @@ class CachedComposer:
         cfg = copy.deepcopy(self._bases[key])
         ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # the step hydra.compose runs after merging
         return cfg
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./:@+\-]+")
+
+
+def hydra_value(value: Any) -> str:
+    """A Python value as a Hydra override value: null, bools, numbers (finite), strings (quoted where the grammar
+    needs it), lists and mappings of those; ValueError otherwise. The verl launcher's overrides and the plan's
+    method combinations are written with it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite number: {value!r}")
+        return repr(value)
+    if isinstance(value, Path):
+        value = str(value)
+    if isinstance(value, str):
+        if _PLAIN.fullmatch(value) and value.lower() not in ("null", "true", "false") and not _is_number(value):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"no Hydra override form for {type(value).__name__} {value!r}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

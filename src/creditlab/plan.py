@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from creditlab.config_compose import hydra_value
 from creditlab.paths import run_key
 from creditlab.tables.spec import DecodeSpec, PaperSpec, load_paper
 
@@ -231,23 +232,6 @@ COMBINABLE_LOSS = "dapo"
 """The policy loss a method must have for its credit functions / token filters to be added to another run's method:
 the plain clipped surrogate every credit method is defined on (a method whose mechanism is its loss, e.g. SAPO, GSPO,
 DFPO, is a run's `method`, never combined in: a run has one policy loss)."""
-
-
-def hydra_value(value: Any) -> str:
-    """`value` (None, bool, number, str, list, dict of those) written in Hydra's override grammar."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {hydra_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a Hydra override value")
 
 
 _METHODS: dict[tuple[str, str, str, str], dict[str, Any]] = {}

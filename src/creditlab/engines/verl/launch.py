@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from creditlab import paths
+from creditlab.config_compose import hydra_value
 
 VERL_MAIN = "creditlab.engines.verl.main"
 RAY_SLURM = "creditlab.engines.verl.ray_slurm"  # multi-node: Ray over the SLURM allocation first
@@ -117,40 +118,7 @@ def _split_key(key: str) -> tuple[str, str, str, int]:
 # ----------------------------------------------------------------------------------------------- overrides
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_./:@+\-]+")
-
-
-def hydra_value(value: Any) -> str:
-    """A Python value as a Hydra override value (bools, null, numbers, lists, quoted strings where needed)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise LaunchError(f"not a finite number: {value!r}")
-        return repr(value)
-    if isinstance(value, Path):
-        value = str(value)
-    if isinstance(value, str):
-        if _PLAIN.fullmatch(value) and value.lower() not in ("null", "true", "false") and not _is_number(value):
-            return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    raise LaunchError(f"no Hydra override form for {type(value).__name__} {value!r}")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+# hydra_value (a Python value in Hydra's override grammar) is creditlab.config_compose's, shared with the plan
 
 
 def override_key(override: str) -> str:
