@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from table_helpers import write_eval
 
 from creditlab.algos.batching import call_batching, groups_split_frac, keeps_groups_whole
 from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
@@ -247,15 +248,8 @@ def _write(root: Path) -> None:
     for run, counts in COUNTS.items():
         for seed in SEEDS:
             c = counts(seed).tolist()
-            blocks = {s: {"n_questions": N_Q, "k": K, "metrics": {},
-                          "per_question": {"ids": [f"{s}-{i}" for i in range(N_Q)], "greedy": [x > 1 for x in c],
-                                           "n": K, "c": c}} for s in ("se", "sh")}
-            data = {"suites": blocks, "k": K, "provenance": {"run_key": f"tiny/tiny-s/{run}/s{seed}",
-                                                             "mlflow_run_id": f"id-{run}-{seed}", "commit": "abc",
-                                                             "config": f"cfg/{run}.yaml"}}
-            path = metrics_path(root / "evals", "tiny-s", run, seed)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data))
+            write_eval(metrics_path(root / "evals", "tiny-s", run, seed), {"se": c, "sh": c}, K,
+                       f"tiny/tiny-s/{run}/s{seed}", f"id-{run}-{seed}", f"cfg/{run}.yaml", greedy_above=1)
             rpath = run_metrics_path(root / "runs", "tiny-s", run, seed)
             rpath.parent.mkdir(parents=True, exist_ok=True)
             t = 2.0 if run.startswith("lora") else 1.0

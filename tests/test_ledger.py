@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from table_helpers import write_eval
 
 from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table, metrics_path, run_metrics_path
@@ -77,15 +78,8 @@ def _paper(data: dict | None = None):
 def _write(root: Path) -> None:
     for backbone in ("tiny-s", "tiny-m"):
         for run, c in COUNTS.items():
-            blocks = {s: {"n_questions": N_Q, "k": K, "metrics": {},
-                          "per_question": {"ids": [f"{s}-{i}" for i in range(N_Q)], "greedy": [x > 3 for x in c],
-                                           "n": K, "c": c}} for s in ("sa", "sb")}
-            data = {"suites": blocks, "k": K, "provenance": {"run_key": f"tiny/{backbone}/{run}/s0",
-                                                             "mlflow_run_id": f"id-{run}", "commit": "abc",
-                                                             "config": f"cfg/{run}.yaml"}}
-            path = metrics_path(root / "tiny" / "evals", backbone, run, 0)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data))
+            write_eval(metrics_path(root / "tiny" / "evals", backbone, run, 0), {"sa": c, "sb": c}, K,
+                       f"tiny/{backbone}/{run}/s0", f"id-{run}", f"cfg/{run}.yaml", greedy_above=3)
             if run != "base":
                 rpath = run_metrics_path(root / "tiny" / "runs", backbone, run, 0)
                 rpath.parent.mkdir(parents=True, exist_ok=True)
