@@ -322,7 +322,7 @@ def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(re
 
 
 def test_unique_run_deletes_its_own_duplicate_when_another_job_got_there_first(results: Path, client) -> None:
-    from creditlab.tracking.mlflow_tracker import _unique_run
+    from creditlab.tracking.mlflow_tracker import _unique_run, tracking_uri
 
     exp = client.get_experiment_by_name("paper-a").experiment_id
     made = {}
@@ -333,10 +333,11 @@ def test_unique_run_deletes_its_own_duplicate_when_another_job_got_there_first(r
         made["mine"] = client.create_run(exp, tags={"run_key": "tiny/dup"}, run_name="mine")
         return made["mine"]
 
-    run, created = _unique_run(client, exp, "tiny/dup", create)
+    uri = tracking_uri(results)
+    run, created = _unique_run(client, exp, "tiny/dup", create, uri)
     assert (run.info.run_id, created) == (made["other"].info.run_id, False)
     assert client.get_run(made["mine"].info.run_id).info.lifecycle_stage == "deleted"
-    assert _unique_run(client, exp, "tiny/dup", create)[0].info.run_id == made["other"].info.run_id
+    assert _unique_run(client, exp, "tiny/dup", create, uri)[0].info.run_id == made["other"].info.run_id
 
 
 def test_init_store_nests_runs_tracked_before_their_table_had_a_parent(results: Path, tmp_path: Path,

@@ -12,7 +12,7 @@
   shows a table's rows folded under it; a run shared by several tables is the child of its first
   table in its own experiment, and every table's parent carries a link to the compare view of
   exactly its rows (`publish_table`), wherever they live. Runs are found or created by a race-safe
-  protocol (`_unique_run`): concurrent jobs creating the same parent end with one.
+  protocol (`_unique_run`, a file lock on a local store): concurrent jobs creating the same parent end with one.
 - Experiments are tagged `mlflow.experimentKind = custom_model_development` so that MLflow 3's UI
   opens them on the training-runs view rather than the GenAI traces overview.
 - Tracking must never stop training: an http(s) server is probed first (3 s) and our MLflow
@@ -37,6 +37,7 @@ import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -196,19 +197,42 @@ def _find_run(client: MlflowClient, experiment_id: str, run_key: str) -> Run | N
     return runs[0] if runs else None
 
 
-def _unique_run(client: MlflowClient, experiment_id: str, run_key: str, create: Callable[[], Run]
-                ) -> tuple[Run, bool]:
+@contextmanager
+def _creation_lock(uri: str) -> Iterator[None]:
+    """Serialise find-or-create of runs between the processes of one machine on a local store (an exclusive
+    ``flock`` on ``<store>.create.lock``); a no-op for a tracking server (whose jobs find every parent run that
+    `init_store` created before them). Without it, find-create-look-again is not enough: a racer that looked
+    before another's run was committed keeps its own, while the other, whose client-side start time is earlier,
+    keeps its own too (seen in CI: two parent runs of one table, rows split between them)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    path = Path(uri.removeprefix("sqlite:///")).with_suffix(".create.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _unique_run(client: MlflowClient, experiment_id: str, run_key: str, create: Callable[[], Run],
+                uri: str) -> tuple[Run, bool]:
     """The run of `run_key`, created with `create()` if there is none: (run, created by this call).
 
-    Race-safe without locks: after creating, look again; if an earlier run of the key exists (another
-    process created one at the same time), delete ours and use that one. Every racer sees the same
-    earliest run (ordered by start time, then run id), so exactly one survives.
+    On a local store, find-or-create holds the store's creation lock (`_creation_lock`), so exactly one
+    process creates. Against a server, after creating, look again: if an earlier run of the key exists
+    (another job created one at the same time), delete ours and use that one (best effort: `init_store`
+    creates every parent before any job starts, so jobs only find them).
     """
-    run = _find_run(client, experiment_id, run_key)
-    if run is not None:
-        return run, False
-    mine = create()
-    first = _find_run(client, experiment_id, run_key)
+    with _creation_lock(uri):
+        run = _find_run(client, experiment_id, run_key)
+        if run is not None:
+            return run, False
+        mine = create()
+        first = _find_run(client, experiment_id, run_key)
     if first is not None and first.info.run_id != mine.info.run_id:
         client.delete_run(mine.info.run_id)
         return first, False
@@ -239,13 +263,13 @@ def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str
     return f"{base.rstrip('/')}/#/compare-runs?{query}" if base else f"#/compare-runs?{query}"
 
 
-def _parent_run_id(client: MlflowClient, exp_id: str, parent: ParentRun) -> str:
+def _parent_run_id(client: MlflowClient, exp_id: str, parent: ParentRun, uri: str) -> str:
     """The run id of `parent` in experiment `exp_id`, created (status RUNNING) if needed (race-safe)."""
 
     def create() -> Run:
         return client.create_run(exp_id, tags=standard_tags(parent.key, parent.tags), run_name=parent.name)
 
-    return _unique_run(client, exp_id, parent.key, create)[0].info.run_id
+    return _unique_run(client, exp_id, parent.key, create, uri)[0].info.run_id
 
 
 def init_store(results_dir: str | Path, experiments: Sequence[str],
@@ -267,7 +291,7 @@ def init_store(results_dir: str | Path, experiments: Sequence[str],
                    for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])}
             parent_ids: dict[tuple[str, str], str] = {}
             for name, parent in parents:
-                parent_ids[name, parent.key] = _parent_run_id(client, ids[name], parent)
+                parent_ids[name, parent.key] = _parent_run_id(client, ids[name], parent, uri)
             for name, run_key, parent_key in children:
                 run = _find_run(client, ids[name], run_key) if name in ids else None
                 pid = parent_ids.get((name, parent_key))
@@ -449,9 +473,9 @@ class Tracker:
         client = self._client
         exp_id = self._experiment_id(results_dir)
         if parent is not None:
-            tags = {**tags, PARENT_TAG: _parent_run_id(client, exp_id, parent)}
+            tags = {**tags, PARENT_TAG: _parent_run_id(client, exp_id, parent, self.uri)}
         run, created = _unique_run(client, exp_id, self.run_key,
-                                   lambda: client.create_run(exp_id, tags=tags, run_name=run_name))
+                                   lambda: client.create_run(exp_id, tags=tags, run_name=run_name), self.uri)
         self._run_id = run.info.run_id
         if created:
             self._log_batch(params=params)
@@ -476,7 +500,7 @@ class Tracker:
             log.info("no MLflow run for %s yet: creating it", self.run_key)
             return client.create_run(exp_id, tags=standard_tags(self.run_key, tags), run_name=self.run_key)
 
-        run, created = _unique_run(client, exp_id, self.run_key, create)
+        run, created = _unique_run(client, exp_id, self.run_key, create, self.uri)
         self.owns_status = created
         self._run_id = run.info.run_id
 
