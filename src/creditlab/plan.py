@@ -350,6 +350,17 @@ def compose(scale: str, backbone: str, method: str = "dapo", overrides: tuple[st
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def composed_configs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
+    """Every run's resolved Hydra config (run key -> config), composed with the cached composer of
+    `validate_runs` (the same composition as `run_config`, without its `run` block and name checks): what the
+    workflow reads for job resources (GPUs, nodes) of a whole DAG in seconds."""
+    from creditlab.config_compose import CachedComposer
+
+    with CachedComposer(config_dir, "run") as composer:
+        return {run.key: _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
+                                                          run.seed)) for run in runs}  # fmt: skip
+
+
 def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
     """The fully resolved config of ``run``, with its method's registered names checked."""
     cfg = compose(run.scale, run.backbone, _method_config(run), run.overrides, run.seed, config_dir)

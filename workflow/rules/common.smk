@@ -9,7 +9,7 @@ from creditlab import paths
 import functools
 
 from creditlab.paths import run_key
-from creditlab.plan import BASE_RUN, PlanError, build_plan, run_config
+from creditlab.plan import BASE_RUN, PlanError, build_plan, composed_configs
 
 try:
     PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
@@ -45,12 +45,22 @@ def at_scale(pattern):
 
 
 @functools.lru_cache(maxsize=None)
+def _run_cfgs():
+    """Every planned run's resolved config, composed once per DAG build (train and evaluation resources)."""
+    return composed_configs(PLAN.runs.values())
+
+
+def _run_cfg(backbone, run, seed):
+    return _run_cfgs()[run_key(SCALE, backbone, run, int(seed))]
+
+
+@functools.lru_cache(maxsize=None)
 def _train_size(backbone, run, seed):
     """(nodes, GPUs) of one training job: at paper scale the run's `model.verl` (nnodes x n_gpus_per_node, the
     backbone's size or the run's override, e.g. ARCA's single GPU); at tiny/micro one GPU if the node has one."""
     if SCALE != "paper":
         return 1, 1
-    v = run_config(PLAN.runs[run_key(SCALE, backbone, run, int(seed))])["model"]["verl"]
+    v = _run_cfg(backbone, run, seed)["model"]["verl"]
     return int(v["nnodes"]), int(v["nnodes"]) * int(v["n_gpus_per_node"])
 
 
@@ -68,7 +78,7 @@ def _eval_gpus(backbone, run, seed):
     model over them; configs/scale/paper.yaml sets it to the backbone's rollout_tp); at tiny/micro one."""
     if SCALE != "paper":
         return 1
-    extra = run_config(PLAN.runs[run_key(SCALE, backbone, run, int(seed))])["eval"]["vllm"].get("extra") or {}
+    extra = _run_cfg(backbone, run, seed)["eval"]["vllm"].get("extra") or {}
     return int(extra.get("tensor_parallel_size", 1))
 
 
