@@ -33,10 +33,10 @@ criterion (the ``random`` criterion). Results do not depend on ``batch_size``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -50,6 +50,8 @@ from creditlab.engines.local.sampler import (
     choose_tokens,
     decode_with_chooser,
 )
+
+T = TypeVar("T")
 
 PROPOSAL, RESAMPLE, CRITERION = 0, 1, 2
 """Indices of the random streams (uniforms[:, s]) used by the selective decoder."""
@@ -214,6 +216,12 @@ def selective_generate(
     return generation, {"n_tokens": [len(r) for r in generation.response_ids], **flags}
 
 
+def decoding_pair(options: Mapping[str, Any], base: T, rl: T) -> tuple[T, T]:
+    """(primary, secondary) of a selective decoder's ``options``: the decoding model (``decode_with``, default
+    "base") first, the other one second. ``base`` / ``rl`` are models, engines or their adapters."""
+    return (rl, base) if options.get("decode_with", "base") == "rl" else (base, rl)
+
+
 @contextmanager
 def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
     """Put ``models`` in eval mode inside the block; restore each one's train/eval mode after."""
@@ -250,8 +258,7 @@ class SelectiveGenerateFn:
         greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
         batch_size: int | None = None, progress: bool = False,
     ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
-        rl_decodes = self.options.get("decode_with", "base") == "rl"
-        primary, secondary = (self.rl_model, self.base_model) if rl_decodes else (self.base_model, self.rl_model)
+        primary, secondary = decoding_pair(self.options, self.base_model, self.rl_model)
         with eval_mode(primary, secondary):
             return selective_generate(primary, secondary, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id,
                                       pad_id=pad_id, greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,

@@ -35,8 +35,7 @@ from typing import Any
 
 import torch
 
-from creditlab.decoding.criteria import Decoder, Direction
-from creditlab.decoding.extrapolation import FLAG_NAMES, N_STREAMS, make_rule
+from creditlab.decoding.extrapolation import FLAG_NAMES, N_STREAMS, SelectiveRule, decoding_pair, make_rule
 from creditlab.engines.local.sampler import (
     DEFAULT_BATCH_SIZE,
     Generation,
@@ -46,47 +45,35 @@ from creditlab.engines.local.sampler import (
 from creditlab.engines.vllm.backend import VllmEngine, stop_ids
 
 
-def selective_generate(
+def selective_decode(
     primary: VllmEngine,
     secondary: VllmEngine,
     prompt_ids: Sequence[Sequence[int]],
+    rule: SelectiveRule,
     *,
     primary_lora: str | Path | None = None,
     secondary_lora: str | Path | None = None,
-    criterion: str = "dlogp",
-    threshold: float,
-    gamma: float,
-    decode_with: Decoder = "base",
-    fire_when: Direction | None = None,
-    top_k_support: int | None = None,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     max_new_tokens: int,
     eos_id: int | Sequence[int],
-    pad_id: int | None = None,
     seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> tuple[Generation, dict[str, list[int]]]:
     """Selective extrapolation decoding of ``prompt_ids`` with two vLLM engines, stepped token by token.
 
-    primary: the decoding model's engine (pi_base for ``decode_with="base"``, pi_RL for "rl"), secondary:
+    primary: the decoding model's engine (pi_base for ``rule.decode_with="base"``, pi_RL for "rl"), secondary:
     the other one; ``*_lora``: an adapter directory served on that engine with ``LoRARequest`` (the same
     engine may be passed twice, e.g. base = the engine alone and RL = the engine with a LoRA run's adapter).
-    Every other argument and the return value are those of
-    :func:`creditlab.decoding.extrapolation.selective_generate`: (generation, stats) with per-prompt
-    ``n_tokens``, ``resampled`` and ``changed``. ``batch_size``: the window (sequences stepped together;
-    None: the local default). ``eos_id``: one stop token id or several (hub models). Deterministic given
-    ``seed``; the window does not change the tokens.
+    rule: the choice of every token (criterion, threshold, direction, gamma, support, sampling), built as
+    :func:`creditlab.decoding.extrapolation.selective_generate` builds it. The return value is that
+    function's: (generation, stats) with per-prompt ``n_tokens``, ``resampled`` and ``changed``.
+    ``batch_size``: the window (sequences stepped together; None: the local default). ``eos_id``: one stop
+    token id or several (hub models). Deterministic given ``seed``; the window does not change the tokens.
     """
     if primary.vocab_size != secondary.vocab_size:
         raise ValueError(f"the two models' vocabularies differ: {primary.vocab_size} vs {secondary.vocab_size}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p)
-    rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
-                     top_k_support=top_k_support, params=params)  # fmt: skip
     prompts = [list(p) for p in prompt_ids]
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -139,7 +126,7 @@ def selective_generate(
 
 @dataclass(frozen=True, eq=False)
 class VllmSelectiveGenerateFn:
-    """A ``generate_fn`` for the evaluator: :func:`selective_generate` on two engines (in-process).
+    """A ``generate_fn`` for the evaluator: :func:`selective_decode` on two engines (in-process).
 
     base / rl: the engines of pi_base and pi_RL (may be the same engine), base_lora / rl_lora: adapter
     directories; options: criterion, threshold, gamma, decode_with, fire_when, top_k_support (as
@@ -162,10 +149,9 @@ class VllmSelectiveGenerateFn:
         greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
         batch_size: int | None = None, progress: bool = False,
     ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
-        rl_decodes = self.options.get("decode_with", "base") == "rl"
-        primary, secondary = (self.rl, self.base) if rl_decodes else (self.base, self.rl)
-        p_lora, s_lora = (self.rl_lora, self.base_lora) if rl_decodes else (self.base_lora, self.rl_lora)
-        return selective_generate(primary, secondary, prompt_ids, primary_lora=p_lora, secondary_lora=s_lora,
-                                  max_new_tokens=max_new_tokens, eos_id=eos_id, greedy=greedy,
-                                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-                                  progress=progress, **self.options)  # fmt: skip
+        primary, secondary = decoding_pair(self.options, self.base, self.rl)
+        p_lora, s_lora = decoding_pair(self.options, self.base_lora, self.rl_lora)
+        rule = make_rule(**self.options, params=SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p))
+        return selective_decode(primary, secondary, prompt_ids, rule, primary_lora=p_lora, secondary_lora=s_lora,
+                                max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
+                                progress=progress)  # fmt: skip

@@ -26,7 +26,7 @@ null; decoding fields as in :meth:`creditlab.engines.vllm.backend.VllmEngine.gen
 * ``{"op": "selective", "base", "rl", "base_lora", "rl_lora", "options": {criterion, threshold, gamma,
   decode_with, fire_when, top_k_support}, "prompt_ids", "max_new_tokens", "eos_id", "greedy", "temperature",
   "top_p", "seed", "batch_size"}`` -> ``{"prompt_ids", "response_ids", "finished", "stats"}``
-  (:func:`creditlab.engines.vllm.extrapolation.selective_generate`).
+  (:func:`creditlab.engines.vllm.extrapolation.selective_decode`).
 """
 
 from __future__ import annotations
