@@ -42,7 +42,7 @@ headtohead: install
 	$(BIN)/snakemake --workflow-profile workflow/profiles/default --cores $(CORES) --config papers=[headtohead]
 
 test: install
-	$(BIN)/python -m pytest -q --timeout=900 --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --timeout=900 --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e"
