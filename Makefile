@@ -45,7 +45,7 @@ test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --timeout=900 --durations=25
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not e2e"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not e2e"
 
 lint: install
 	$(BIN)/snakemake --lint
