@@ -54,6 +54,7 @@ from typing import Any
 
 from creditlab import paths
 from creditlab.config_compose import hydra_value
+from creditlab.engines.verl import cpu
 
 VERL_MAIN = "creditlab.engines.verl.main"
 RAY_SLURM = "creditlab.engines.verl.ray_slurm"  # multi-node: Ray over the SLURM allocation first
@@ -320,6 +321,8 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
         o["actor_rollout_ref.rollout.load_format"] = "safetensors"  # verl's LoRA: weights synced to vLLM as safetensors
     if num_cpus is not None:
         o["ray_kwargs.ray_init.num_cpus"] = int(num_cpus)
+    if cpu.device_of(run_cfg) == "cpu":  # scale smoke: verl's own loop on a CPU (engines/verl/cpu.py)
+        o.update(cpu.cpu_overrides(run_cfg))
     return [f"{k}={hydra_value(val)}" for k, val in o.items()]
 
 
@@ -356,6 +359,8 @@ def verl_command(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow_run_
     if int(v["nnodes"]) > 1:  # a Ray cluster over the SLURM allocation's nodes first (the driver runs on the head)
         argv = [python, "-m", RAY_SLURM, "--gpus-per-node", str(int(v["n_gpus_per_node"])), "--", *argv]
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
+    if cpu.device_of(run_cfg) == "cpu":
+        env.update(cpu.cpu_env())
     if mlflow_run_id is not None:
         env["MLFLOW_RUN_ID"] = mlflow_run_id
         if tracking_uri:

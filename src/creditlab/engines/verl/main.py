@@ -41,7 +41,9 @@ from verl.utils.config import validate_config  # noqa: E402
 from verl.utils.device import auto_set_device  # noqa: E402
 
 assert _plugin.PLUGIN_MODULE == PLUGIN_MODULE
-FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", ENV_RUN_CONFIG, "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", ENV_RUN_CONFIG, "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                 "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
 """Environment variables every Ray worker must see (set in the job's runtime_env)."""
 
 

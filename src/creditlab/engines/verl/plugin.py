@@ -81,6 +81,7 @@ VERL_PROVIDED = frozenset({"responses", "mask", "old_logp", "advantages", "group
 Not provided: the top-K next-token distributions and the LM-head weight (``topk_proxy`` DelTA variant)."""
 
 VERL_DEFAULTS: dict[str, Any] = {
+    "device": "cuda",  # cuda (GPU clusters) | cpu (scale smoke: verl's loop on a CPU, engines/verl/cpu.py)
     "credit_dp_stats": "global",  # DelTA statistics: all-reduced over data-parallel ranks | "rank" (official)
     "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
     "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update
@@ -525,5 +526,10 @@ def register_all() -> dict[str, list[str]]:
         advs.append(key)
     return {"policy_loss": losses, "advantage": advs}
 
+
+if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":  # a smoke run: verl on a CPU (engines/verl/cpu.py)
+    from creditlab.engines.verl import cpu as _cpu
+
+    _cpu.install()
 
 REGISTERED = register_all()

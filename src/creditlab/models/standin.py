@@ -1,0 +1,90 @@
+"""Stand-in checkpoints of the paper backbones for scale ``smoke``: random-init, real architecture class, tiny.
+
+A stand-in is written as a hub snapshot directory (``config.json``, ``model.safetensors``, tokenizer files with the
+backbone's chat template, ``generation_config.json`` with its stop tokens), so that everything downstream (verl's
+FSDP engine and model merger, the CPU rollout, vLLM) loads it as it would load the real snapshot. It proves that
+the paper-scale code paths execute; its numbers mean nothing (a random model answers at chance).
+
+Architecture classes by the backbone's ``arch.family`` (``config.json`` ``model_type`` of the real checkpoint):
+``qwen3`` -> Qwen3ForCausalLM, ``qwen2`` (Qwen2.5) -> Qwen2ForCausalLM, ``olmo3`` -> Olmo3ForCausalLM,
+``qwen3_next`` (the MoE backbone of Paper E) -> Qwen3NextForCausalLM with a few experts (:data:`SHAPES`).
+The tokenizer is character-level (the project's own, over the texts the run will see) with the backbone's special
+tokens; the chat template is the backbone's format: ChatML (``<|im_start|>role ... <|im_end|>``) for the Qwen
+families and Olmo 3 [ours: Olmo 3's own template is ChatML as well; the tokens are what matters here].
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""The chat format of Qwen2.5, Qwen3 and Olmo 3 (their instruct templates without system or tool branches)."""
+SPECIAL = ["<|im_start|>", "<|im_end|>"]
+STOP = "<|im_end|>"
+"""A chat turn's end: the checkpoint's generation_config stop token beside the tokenizer's EOS."""
+
+BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=4096, tie_word_embeddings=False)
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3": dict(head_dim=16),
+    "qwen2": dict(),
+    "olmo3": dict(),
+    "qwen3_next": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, decoder_sparse_step=1,
+                       layer_types=["linear_attention", "full_attention"]),
+}
+"""Per family: the stand-in's config beyond :data:`BASE` (a few small layers)."""
+
+
+def _classes(family: str):
+    import transformers as tf
+
+    names = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+             "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"), "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM")}
+    if family not in names:
+        raise ValueError(f"no stand-in for architecture family {family!r}; valid choices: {sorted(names)}")
+    return getattr(tf, names[family][0]), getattr(tf, names[family][1])
+
+
+def standin_tokenizer(texts: Iterable[str]):
+    """The character-level tokenizer over ``texts`` with the chat special tokens and :data:`CHATML`."""
+    from creditlab.data.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(list(texts) + ["user\nassistant\n"])
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tok.chat_template = CHATML
+    return tok
+
+
+def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int = 0) -> Path:
+    """Write a random-init stand-in of an ``arch.family`` backbone as a hub snapshot directory ``out``.
+
+    texts: what the run will tokenize (prompts and answers), for the tokenizer's vocabulary. Returns ``out``.
+    """
+    config_cls, model_cls = _classes(family)
+    tok = standin_tokenizer(texts)
+    stop = tok.convert_tokens_to_ids(STOP)
+    extra = dict(SHAPES[family])
+    if family == "olmo3":
+        extra |= {"layer_types": ["full_attention"] * BASE["num_hidden_layers"],
+                  "sliding_window": BASE["max_position_embeddings"]}
+    cfg = config_cls(**BASE, **extra, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).float()
+    with torch.no_grad():  # a peakier random policy: responses end (EOS) within a few tokens now and then
+        model.get_output_embeddings().weight.mul_(3.0)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": tok.bos_token_id, "eos_token_id": [tok.eos_token_id, stop], "pad_token_id": tok.pad_token_id}))
+    return out
