@@ -82,6 +82,7 @@ Not provided: the top-K next-token distributions and the LM-head weight (``topk_
 
 VERL_DEFAULTS: dict[str, Any] = {
     "device": "cuda",  # cuda (GPU clusters) | cpu (scale smoke: verl's loop on a CPU, engines/verl/cpu.py)
+    "sp_check": False,  # with Ulysses sp > 1: also compute hidden-state credit from an sp=1 forward, log the gap
     "credit_dp_stats": "global",  # DelTA statistics: all-reduced over data-parallel ranks | "rank" (official)
     "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
     "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update

@@ -83,6 +83,7 @@ from creditlab.engines.verl.workers import (
     OUT_FILTER,
     OUT_REF,
     OUT_RESIDUAL,
+    OUT_SP_CHECK,
     OUT_WEIGHTS,
     SEQ_ADV,
     CreditlabActorRolloutRefWorker,
@@ -93,6 +94,37 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+METRIC_NAMES = {"reward_mean": "critic/rewards/mean", "score_mean": "critic/score/mean",
+                "response_len_mean": "response_length/mean", "entropy_mean": "actor/entropy",
+                "clipfrac": "actor/pg_clipfrac", "t_step": "timing_s/step"}
+"""creditlab's metric names (those of the local engine's metrics.jsonl, read by tables and figures) -> verl's."""
+
+
+def metrics_line(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One metrics.jsonl object of a verl step: creditlab's names (:data:`METRIC_NAMES`) and every numeric verl
+    metric under its own name."""
+    out: dict[str, Any] = {"step": int(step)}
+    for k, v in metrics.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    out |= {ours: out[theirs] for ours, theirs in METRIC_NAMES.items() if theirs in out}
+    return out
+
+
+def append_metrics(path: str, line: dict[str, Any]) -> None:
+    """Add a step's line to metrics.jsonl, dropping lines of that step or later (a resumed run re-does them)."""
+    kept = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            kept = [x for x in f if x.strip() and json.loads(x)["step"] < line["step"]]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept + [json.dumps(line) + "\n"])
+    os.replace(tmp, path)
+
 
 LOSS_MASK = "creditlab_loss_mask"
 """TransferQueue field: the loss mask after token filters (nested over response tokens)."""
@@ -380,6 +412,19 @@ class CreditlabTrainer(PPOTrainerSync):
         super().__init__(config)
         self._setup_creditlab()
 
+    # -- metrics.jsonl beside the run config (what cmd_train, the tables and the figures read)
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int, epoch: int):
+        out = super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        if self.options.get("device") == "cpu":  # the CPU rollout's weight syncs so far (one per step expected)
+            from creditlab.engines.verl.cpu import server_syncs
+
+            syncs = server_syncs(0)
+            metrics["creditlab/rollout_weight_syncs"] = len(syncs)
+            metrics["creditlab/rollout_weights_checksum"] = syncs[-1]["checksum"] if syncs else 0.0
+        path = os.path.join(os.path.dirname(os.environ[ENV_RUN_CONFIG]), "metrics.jsonl")
+        append_metrics(path, metrics_line(global_steps, metrics))
+        return out
+
     def _setup_creditlab(self) -> None:
         """Read the run config: which credit runs where, QB, LoRA's fused reference pass, options."""
         m, t = self.run_cfg["method"], self.run_cfg["trainer"]
@@ -486,7 +531,7 @@ class CreditlabTrainer(PPOTrainerSync):
     def _credit_spec(self) -> dict[str, Any]:
         return {"credit": self.worker_credit, "token_filter": self.worker_filters, "seed": self.seed,
                 "step": int(self.global_steps), "dp_stats": self.options["credit_dp_stats"],
-                "fused_ref": self.fused_ref}
+                "fused_ref": self.fused_ref, "sp_check": bool(self.options["sp_check"])}
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.worker_pass:
@@ -524,6 +569,10 @@ class CreditlabTrainer(PPOTrainerSync):
             fields.append(OUT_FILTER)
         if self.fused_ref:
             fields.append(OUT_RESIDUAL)
+        sp_check = self.worker_credit and self.options["sp_check"] and \
+            int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1
+        if sp_check:
+            fields.append(OUT_SP_CHECK)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         mask_nt = data["response_mask"]
         mask = _padded(mask_nt).float()
@@ -549,6 +598,9 @@ class CreditlabTrainer(PPOTrainerSync):
                  "loss_token_frac": (loss_mask.sum() / mask.sum().clamp(min=1)).item()}
         if inputs.ref_logp is not None:
             diag["ref_kl"] = ((inputs.old_logp - inputs.ref_logp) * mask).sum().item() / max(1.0, mask.sum().item())
+        if sp_check:  # the Ulysses credit against the sp=1 forward of the same batch (verl.sp_check)
+            diffs = data[OUT_SP_CHECK].float().reshape(-1, 2).amax(0)
+            diag |= {"sp_check/credit_max_abs_diff": diffs[0].item(), "sp_check/hidden_max_abs_diff": diffs[1].item()}
         metrics.update({f"creditlab/{k}": v for k, v in diag.items()})
         return batch
 

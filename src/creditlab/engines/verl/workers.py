@@ -29,8 +29,11 @@ Against verl 0.9.1's worker API (``verl.workers.engine_workers``):
 Cost [ours]: verl's ``TrainingWorker.infer_batch`` returns its outputs on the CPU, so a rank's hidden states
 (B_local x S x d, the model's dtype) make one round trip to host memory before the credit functions run on
 the GPU; DelTA then holds its proxies v (N_local x d, float32) for its centroid passes. No extra forward:
-the capture rides verl's own old-log-prob forward (and, with LoRA, its reference forward). Not supported:
-Ulysses sequence parallelism (sp > 1) and fused LM-head kernels (``use_fused_kernels``: no LM-head call).
+the capture rides verl's own old-log-prob forward (and, with LoRA, its reference forward). Ulysses sequence
+parallelism (sp > 1): each rank's LM-head input is its shard of the packed sequence; the engine's
+``_gather_and_unpad_packed`` all-gathers it over the sp group exactly as it gathers ``log_probs``, and verl returns
+outputs from sp rank 0 only, so the credit runs there (statistics all-reduced over the ranks that hold data).
+Not supported: fused LM-head kernels (``use_fused_kernels``: no LM-head call).
 
 What can run on CPU is tested (tests/test_verl_plugin.py): the capture through verl's real
 ``FSDPEngineWithLMHead.forward_step`` on a tiny Qwen3 model (with a real peft LoRA adapter on and off),
@@ -66,6 +69,9 @@ OUT_WEIGHTS = "creditlab_credit_weights"
 OUT_FILTER = "creditlab_token_filter"
 OUT_REF = "creditlab_ref_log_probs"
 OUT_RESIDUAL = "creditlab_arca_residual"
+OUT_SP_CHECK = "creditlab_sp_check"
+"""Tensor[B, 2] per rollout with ``verl.sp_check``: max |credit weight (sp) - credit weight (sp=1 forward)| and max
+|hidden state (sp) - hidden state (sp=1)| over its response tokens."""
 """Fields the pass adds (nested over response tokens, except OUT_REF: full sequences like ``log_probs``)."""
 
 
@@ -184,6 +190,40 @@ def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tens
     return {"weights": weights, "filter": filt, "residual": residual}
 
 
+@torch.no_grad()
+def unsharded_hidden(engine: Any, data: TensorDict) -> Tensor:
+    """The LM-head input of every full sequence of ``data`` from one plain padded forward of the engine's model,
+    outside Ulysses (the sp=1 computation of the same batch): nested Tensor[B, S_i, d] laid out like the captured
+    ``hidden``. Every rank of the FSDP mesh must call it (FSDP gathers the parameters collectively)."""
+    from verl.utils.ulysses import get_ulysses_sequence_parallel_group, set_ulysses_sequence_parallel_group
+
+    ids = data["input_ids"]
+    cu = ids.offsets()
+    lens = cu.diff().tolist()
+    flat = ids.values()
+    B, S = len(lens), max(lens)
+    padded = torch.zeros(B, S, dtype=flat.dtype)
+    mask = torch.zeros(B, S, dtype=torch.long)
+    for i, n in enumerate(lens):
+        padded[i, :n] = flat[cu[i]:cu[i] + n]
+        mask[i, :n] = 1
+    pos = torch.arange(S)[None].expand(B, S)
+    head = find_lm_head(engine.module)
+    stash: list[Tensor] = []
+    hook = head.register_forward_hook(lambda mod, args, out: stash.append(args[0].detach()))
+    with engine.eval_mode():
+        prev = get_ulysses_sequence_parallel_group()
+        set_ulysses_sequence_parallel_group(None)
+        try:
+            engine.module(input_ids=padded, attention_mask=mask, position_ids=pos, use_cache=False)
+        finally:
+            set_ulysses_sequence_parallel_group(prev)
+            hook.remove()
+    h = stash[0].float()
+    rows = torch.cat([h[i, :n] for i, n in enumerate(lens)])
+    return torch.nested.nested_tensor_from_jagged(rows.contiguous(), cu.to(rows.device))
+
+
 def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
     """Nested (jagged) Tensor[B, j(, d)] -> padded Tensor[B, max j(, d)]."""
     return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
@@ -201,14 +241,16 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
     engine = worker.actor.engine
-    if getattr(engine, "use_ulysses_sp", False):
-        raise NotImplementedError("hidden-state credit with Ulysses sequence parallelism (sp > 1) is not supported")
+    sp_check = bool(spec.get("sp_check")) and bool(getattr(engine, "use_ulysses_sp", False))
+    plain = unsharded_hidden(engine, data) if sp_check else None  # before the early return: every rank forwards
     with capture_final_hidden(engine):
         out = worker.actor.infer_batch(data)
         ref = None
         if spec.get("fused_ref"):
             tu.assign_non_tensor(data, no_lora_adapter=True)  # verl's adapter-disabled reference pass
             ref = worker.actor.infer_batch(data)
+    if out is None:  # not the output rank of its Ulysses group (verl returns outputs from sp rank 0 only): the
+        return None  # hidden states were all-gathered there; this rank's peers in other groups skip alike
     # the credit computation (and NCCL's all-reduce) on this rank's GPU
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     mask_nt = data["response_mask"]
@@ -230,6 +272,15 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
                         hidden=hidden,
                         ref_logp=resp(ref["log_probs"]) if ref is not None else None, base_hidden=base_hidden,
                         reduce=reduce, rank=rank)
+    if plain is not None:  # the same credit from the sp=1 forward of this batch: how far Ulysses moved it
+        ref_res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
+                                old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]),
+                                entropy=entropy, hidden=resp(plain),
+                                ref_logp=resp(ref["log_probs"]) if ref is not None else None,
+                                base_hidden=base_hidden, reduce=reduce, rank=rank)
+        out[OUT_SP_CHECK] = torch.stack([
+            ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
+            ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1)], -1).cpu()
     del out["hidden"]
     out[OUT_WEIGHTS] = response_to_nested(res["weights"].cpu(), mask_nt)
     if res["filter"] is not None:
