@@ -599,8 +599,9 @@ class CreditlabTrainer(PPOTrainerSync):
         if inputs.ref_logp is not None:
             diag["ref_kl"] = ((inputs.old_logp - inputs.ref_logp) * mask).sum().item() / max(1.0, mask.sum().item())
         if sp_check:  # the Ulysses credit against the sp=1 forward of the same batch (verl.sp_check)
-            diffs = data[OUT_SP_CHECK].float().reshape(-1, 2).amax(0)
-            diag |= {"sp_check/credit_max_abs_diff": diffs[0].item(), "sp_check/hidden_max_abs_diff": diffs[1].item()}
+            diffs = _padded(data[OUT_SP_CHECK]).float().reshape(-1, 3).amax(0)
+            diag |= {"sp_check/credit_max_abs_diff": diffs[0].item(), "sp_check/hidden_max_abs_diff": diffs[1].item(),
+                     "sp_check/hidden_max_abs": diffs[2].item()}
         metrics.update({f"creditlab/{k}": v for k, v in diag.items()})
         return batch
 

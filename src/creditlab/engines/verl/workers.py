@@ -70,8 +70,8 @@ OUT_FILTER = "creditlab_token_filter"
 OUT_REF = "creditlab_ref_log_probs"
 OUT_RESIDUAL = "creditlab_arca_residual"
 OUT_SP_CHECK = "creditlab_sp_check"
-"""Tensor[B, 2] per rollout with ``verl.sp_check``: max |credit weight (sp) - credit weight (sp=1 forward)| and max
-|hidden state (sp) - hidden state (sp=1)| over its response tokens."""
+"""Tensor[B, 3] per rollout with ``verl.sp_check``: max |credit weight (sp) - credit weight (sp=1 forward)|, max
+|hidden state (sp) - hidden state (sp=1)| and max |hidden state| over its response tokens."""
 """Fields the pass adds (nested over response tokens, except OUT_REF: full sequences like ``log_probs``)."""
 
 
@@ -280,7 +280,8 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
                                 base_hidden=base_hidden, reduce=reduce, rank=rank)
         out[OUT_SP_CHECK] = torch.stack([
             ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
-            ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1)], -1).cpu()
+            ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1),
+            (hidden.abs().amax(-1) * mask).amax(-1)], -1).cpu()  # the scale the gap is read against
     del out["hidden"]
     out[OUT_WEIGHTS] = response_to_nested(res["weights"].cpu(), mask_nt)
     if res["filter"] is not None:
