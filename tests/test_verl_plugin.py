@@ -482,15 +482,30 @@ def test_group_coupled_plan_checks_use_the_job_size():
     assert "actor_rollout_ref.actor.shuffle=false" in plugin.plugin_overrides(gspo)  # not group-coupled: fine
 
 
-def test_topk_proxy_is_refused_by_the_worker_with_a_clear_message():
-    """DelTA's top-K proxy names optional inputs (the top-K distributions, the LM head) the verl workers do
-    not capture: plan time accepts the run, the worker-side credit names what is missing."""
+def test_topk_proxy_runs_on_the_workers_as_in_the_local_engine():
+    """DelTA's top-K proxy on verl: the plan accepts it (the workers provide the top-K log-probs and the LM head),
+    workers.topk_logprobs is the local engine's log_softmax(h W^T).topk(K), and worker_credit with them equals
+    delta_weights on the same inputs (a different credit from the default variant's)."""
+    from creditlab.algos.credit.delta import delta_weights as local_delta
+
     cfg = _run_cfg("delta", ["method.credit.0.variant=topk_proxy", "+method.credit.0.topk=8"])
     plugin.plugin_overrides(cfg)
-    b = _batch()
-    with pytest.raises(ValueError, match="topk_logp, topk_ids, lm_head"):
-        vworkers.worker_credit({"credit": cfg["method"]["credit"]}, responses=b.responses, mask=b.mask, old_logp=b.old,
-                               advantages=b.adv, uids=[str(g) for g in b.gids.tolist()], entropy=None, hidden=b.hidden)
+    assert vworkers.spec_topk({"credit": cfg["method"]["credit"]}) == 8
+    b = _batch(d=16)
+    W = torch.randn(64, 16, generator=torch.Generator().manual_seed(5))  # V covers the response ids (< 50)
+    vals, ids = vworkers.topk_logprobs(b.hidden, W, 8, chunk_tokens=5)
+    want = torch.log_softmax(b.hidden @ W.T, -1).topk(8, dim=-1)
+    assert torch.allclose(vals, want.values, atol=1e-6) and torch.equal(ids, want.indices)
+    kw = {k: v for k, v in cfg["method"]["credit"][0].items() if k != "name"}
+    out = vworkers.worker_credit({"credit": cfg["method"]["credit"]}, responses=b.responses, mask=b.mask,
+                                 old_logp=b.old, advantages=b.adv, uids=[str(g) for g in b.gids.tolist()],
+                                 entropy=None, hidden=b.hidden, topk_logp=vals, topk_ids=ids, lm_head=W)["weights"]
+    ref = local_delta(b.responses, b.mask, b.old, b.adv, b.hidden, topk_logp=vals, topk_ids=ids, lm_head=W, **kw)
+    assert torch.allclose(out, ref, atol=1e-6)
+    default = vworkers.worker_credit({"credit": [{"name": "delta"}]}, responses=b.responses, mask=b.mask, old_logp=b.old,
+                                     advantages=b.adv, uids=[str(g) for g in b.gids.tolist()], entropy=None,
+                                     hidden=b.hidden)["weights"]
+    assert (out - default).abs().max() > 1e-4
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -22,10 +22,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from functools import lru_cache
+
+import yaml
 from omegaconf import OmegaConf
 
 from creditlab.config_compose import hydra_value
 from creditlab.paths import run_key
+from creditlab.scales import smoke_job
 from creditlab.tables.spec import DecodeSpec, PaperSpec, load_paper
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -291,12 +295,34 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
     with CachedComposer(config_dir, "run") as composer:
         for run in runs:
             cfg = _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
-                                                   run.seed))
+                                                   run.seed, config_dir))
             if run.method != BASE_RUN:
                 check_registered(cfg, run.key)
+                check_verl_run(cfg, run.key)
             data_suites = (cfg.get("data") or {}).get("suites")
             suites[run.key] = list(data_suites) if data_suites is not None else None
     return suites
+
+
+def check_verl_run(cfg: dict[str, Any], key: str) -> None:
+    """A verl-engine run (paper, smoke) is one the verl job would start: the launcher's preflight (batches over ranks,
+    context lengths) and the plug-in's overrides (method x batching x parallelism combinations, credit inputs the
+    workers provide, RB with dynamic sampling) pass, else PlanError with the key and the reason. Runs the plug-in
+    declares local-engine-only (`LocalEngineOnly`: Paper C's sign-partitioned control) are left to the train job,
+    which refuses them with that reason (they have no verl form)."""
+    if (cfg.get("trainer") or {}).get("engine", "local") != "verl":
+        return
+    from creditlab.engines.verl.launch import LaunchError, preflight
+    from creditlab.engines.verl.plugin import LocalEngineOnly, plugin_overrides
+
+    cfg = {**cfg, "run": {**(cfg.get("run") or {}), "key": key}}
+    try:
+        preflight(cfg)
+        plugin_overrides(cfg)
+    except LocalEngineOnly:
+        return
+    except (LaunchError, ValueError, KeyError) as e:
+        raise PlanError(f"{key}: the verl engine would refuse this run at its first step: {e}") from None
 
 
 def check_table_suites(plan: Plan, run_suites: dict[str, list[str] | None]) -> None:
@@ -313,9 +339,26 @@ def check_table_suites(plan: Plan, run_suites: dict[str, list[str] | None]) -> N
                                 f"which run {run.key!r}'s data config does not prepare; valid: {have}")
 
 
-def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int) -> list[str]:
-    """The Hydra overrides of configs/run.yaml that make a run's config: scale, model, method, seed, its overrides."""
-    return [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides]
+def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int,
+             config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The Hydra overrides of configs/run.yaml that make a run's config: scale, model, method, seed, its overrides,
+    and at a scale whose config has a ``shrink`` list (smoke) that list last (after the papers' own settings)."""
+    return [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides,
+            *_shrink(scale, str(config_dir))]
+
+
+@lru_cache(maxsize=None)
+def _shrink(scale: str, config_dir: str) -> tuple[str, ...]:
+    path = Path(config_dir) / "scale" / f"{scale}.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return tuple((data or {}).get("shrink") or ())
+
+
+def _sized(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A composed run config with its verl job sized for the scale (smoke: creditlab.scales.smoke_job)."""
+    if cfg.get("scale") == "smoke" and (cfg.get("model") or {}).get("verl"):
+        cfg["model"]["verl"] = smoke_job(cfg["model"]["verl"])
+    return cfg
 
 
 def _method_config(run: Run) -> str:
@@ -328,7 +371,7 @@ def _compose_with(composer, args: list[str]) -> dict[str, Any]:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(composer.compose(args), resolve=True)
+        return _sized(OmegaConf.to_container(composer.compose(args), resolve=True))
     except (HydraException, OmegaConfBaseException) as e:
         raise PlanError(f"cannot compose run config {args}: {e}") from None
 
@@ -341,13 +384,13 @@ def compose(scale: str, backbone: str, method: str = "dapo", overrides: tuple[st
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    args = run_args(scale, backbone, method, overrides, seed)
+    args = run_args(scale, backbone, method, overrides, seed, config_dir)
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
             cfg = hydra_compose(config_name="run", overrides=args)
     except (HydraException, OmegaConfBaseException) as e:
         raise PlanError(f"cannot compose run config {args}: {e}") from None
-    return OmegaConf.to_container(cfg, resolve=True)
+    return _sized(OmegaConf.to_container(cfg, resolve=True))
 
 
 def composed_configs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
@@ -358,7 +401,7 @@ def composed_configs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict
 
     with CachedComposer(config_dir, "run") as composer:
         return {run.key: _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
-                                                          run.seed)) for run in runs}  # fmt: skip
+                                                          run.seed, config_dir)) for run in runs}  # fmt: skip
 
 
 def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:

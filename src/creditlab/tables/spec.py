@@ -20,6 +20,8 @@ from typing import Any, NoReturn
 
 import yaml
 
+from creditlab.scales import spec_scale
+
 BASE_RUN = "base"
 """Reserved run name: the untrained base model (tiny: warmed up; paper: from the hub)."""
 
@@ -117,7 +119,7 @@ class RunSpec:
 
     def overrides_at(self, scale: str) -> tuple[str, ...]:
         """This run's own overrides at `scale` (empty where it has none)."""
-        return dict(self.scale_overrides).get(scale, ())
+        return dict(self.scale_overrides).get(spec_scale(scale), ())
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ class DecodeSpec:
         table = dict(self.thresholds)
         if "*" in table:  # one threshold for every scale
             return table["*"]
+        scale = spec_scale(scale)
         if scale not in table:
             raise ValueError(f"decoding {self.name!r} has no threshold for scale {scale!r}; has {sorted(table)}")
         return table[scale]
@@ -383,7 +386,7 @@ class PaperSpec:
         `scale_overrides.<scale>`. The base model (`run` = ``base``) gets the paper's entries only (its evaluation
         settings). A scale without `scale_overrides` adds nothing: there, a run's overrides are its `overrides`.
         """
-        per_scale = self.scale_overrides.get(scale, {})
+        per_scale = self.scale_overrides.get(spec_scale(scale), {})
         paper_level = per_scale.get(ALL_RUNS, ()) + per_scale.get(paper_backbone, ())
         if run == BASE_RUN:
             return paper_level
@@ -393,7 +396,7 @@ class PaperSpec:
     def seeds_at(self, scale: str, default: Iterable[int]) -> list[int]:
         """The seeds this paper's tables and figures use at `scale`: its own `seeds` there, else `default`
         (the pipeline's)."""
-        return list(self.seeds[scale]) if scale in self.seeds else [int(s) for s in default]
+        return list(self.seeds[scale]) if scale in self.seeds else [int(s) for s in default]  # smoke: not paper's
 
     def backbone_for(self, paper_backbone: str, scale: str) -> str:
         """The model config name standing in for `paper_backbone` at `scale`."""
@@ -474,7 +477,9 @@ class PaperSpec:
 
 def _lookup(mapping: dict[str, dict[str, Any]], what: str, key: str, scale: str,
             source: str) -> Any:
-    """mapping[key][scale] with a ValueError naming the valid choices on either miss."""
+    """mapping[key][scale] (`scale` read as creditlab.scales.spec_scale says) with a ValueError naming the valid
+    choices on either miss."""
+    scale = spec_scale(scale)
     if key not in mapping:
         raise ValueError(f"{source}: unknown {what} entry {key!r}; choices: {sorted(mapping)}")
     if scale not in mapping[key]:

@@ -76,9 +76,10 @@ WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "top
 function or token filter naming one of them runs inside the workers' old-log-prob pass."""
 """CreditInputs from the reference pass (the forward with the LoRA adapter disabled)."""
 VERL_PROVIDED = frozenset({"responses", "mask", "old_logp", "advantages", "group_ids", "entropy", "rng",
-                           "hidden", "ref_logp", "base_hidden"})
-"""CreditInputs the verl engine provides (ref_logp / base_hidden only with LoRA: ``trainer.lora.enable``).
-Not provided: the top-K next-token distributions and the LM-head weight (``topk_proxy`` DelTA variant)."""
+                           "hidden", "ref_logp", "base_hidden", "topk_logp", "topk_ids", "lm_head"})
+"""CreditInputs the verl engine provides (ref_logp / base_hidden only with LoRA: ``trainer.lora.enable``; the top-K
+next-token log-probs and the LM-head weight on the workers, for a credit entry that sets ``topk``: DelTA's
+``topk_proxy``, workers.topk_logprobs)."""
 
 VERL_DEFAULTS: dict[str, Any] = {
     "device": "cuda",  # cuda (GPU clusters) | cpu (scale smoke: verl's loop on a CPU, engines/verl/cpu.py)

@@ -164,21 +164,23 @@ def dp_all_reduce(group: Any) -> Callable[[Tensor], Tensor]:
 def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tensor, advantages: Tensor,
                   uids: list[str], entropy: Tensor | None, hidden: Tensor | None, ref_logp: Tensor | None = None,
                   base_hidden: Tensor | None = None, reduce: Callable[[Tensor], Tensor] | None = None,
-                  rank: int = 0) -> dict[str, Tensor | None]:
+                  rank: int = 0, topk_logp: Tensor | None = None, topk_ids: Tensor | None = None,
+                  lm_head: Tensor | None = None) -> dict[str, Tensor | None]:
     """The credit functions / token filters of ``spec`` on one data-parallel rank's rollouts.
 
     spec: {"credit": [{name, **kwargs}], "token_filter": [...], "seed": int, "step": int,
            "dp_stats": "global" | "rank"} (those entries of the method config that need worker inputs).
     responses, mask, old_logp: Tensor[B, T] (padded response positions); advantages: Tensor[B] (A_i);
     uids: the B prompt uids (groups, local to this rank); entropy, ref_logp: Tensor[B, T] or None;
-    hidden, base_hidden: Tensor[B, T, d] or None; reduce: the sum over ranks (``dp_all_reduce``), passed
+    hidden, base_hidden: Tensor[B, T, d] or None; topk_logp / topk_ids: Tensor[B, T, K] and lm_head: Tensor[V, d]
+    (DelTA's top-K proxy, :func:`spec_topk` > 0) or None; reduce: the sum over ranks (``dp_all_reduce``), passed
     to functions that take ``all_reduce`` when ``dp_stats`` is "global"; rank seeds ``rng`` per rank.
     Returns {"weights": Tensor[B, T], "filter": Tensor[B, T] or None, "residual": ||h - h_base|| or None}.
     """
     inputs = CreditInputs(
         responses=responses, mask=mask, old_logp=old_logp, advantages=advantages,
         group_ids=group_index(uids).to(mask.device), hidden=hidden, entropy=entropy, ref_logp=ref_logp,
-        base_hidden=base_hidden,
+        base_hidden=base_hidden, topk_logp=topk_logp, topk_ids=topk_ids, lm_head=lm_head,
         rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)))
     extra = {"all_reduce": reduce} if reduce is not None and spec.get("dp_stats", "global") == "global" else {}
     weights = compose_credit(method_entries("credit", spec.get("credit")), inputs, extra)
@@ -224,6 +226,37 @@ def unsharded_hidden(engine: Any, data: TensorDict) -> Tensor:
     return torch.nested.nested_tensor_from_jagged(rows.contiguous(), cu.to(rows.device))
 
 
+def spec_topk(spec: dict) -> int:
+    """The largest ``topk`` a worker-side credit function or token filter of ``spec`` asks for (0: none)."""
+    return max([int(c.get("topk") or 0) for kind in ("credit", "token_filter") for c in spec.get(kind) or []] + [0])
+
+
+@torch.no_grad()
+def full_lm_head(engine: Any) -> Tensor:
+    """The LM head's full weight Tensor[V, d] (FSDP2 shards it as a DTensor: gathered, which every rank of the mesh
+    must call together), detached, float32."""
+    w = find_lm_head(engine.module).weight
+    w = w.full_tensor() if hasattr(w, "full_tensor") else w
+    return w.detach().float()
+
+
+@torch.no_grad()
+def topk_logprobs(hidden: Tensor, lm_head: Tensor, k: int, chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
+    """The K most probable next tokens of every position: log_softmax(h W^T).topk(K), K = min(k, V), as the local
+    engine's forward computes them (``engines.local.batch.response_forward``). hidden: Tensor[B, T, d]; lm_head:
+    Tensor[V, d]. Returns (values, ids), Tensor[B, T, K] each; computed over chunks of tokens (a [chunk, V] block of
+    logits at a time: the vocabulary of a paper backbone is 150k)."""
+    B, T, d = hidden.shape
+    flat = hidden.reshape(-1, d).float()
+    K = min(int(k), lm_head.shape[0])
+    vals = torch.empty(flat.shape[0], K, dtype=torch.float32, device=flat.device)
+    ids = torch.empty(flat.shape[0], K, dtype=torch.long, device=flat.device)
+    for s in range(0, flat.shape[0], chunk_tokens):
+        top = torch.log_softmax(flat[s:s + chunk_tokens] @ lm_head.T, -1).topk(K, dim=-1)
+        vals[s:s + chunk_tokens], ids[s:s + chunk_tokens] = top.values, top.indices
+    return vals.reshape(B, T, K), ids.reshape(B, T, K)
+
+
 def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
     """Nested (jagged) Tensor[B, j(, d)] -> padded Tensor[B, max j(, d)]."""
     return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
@@ -243,6 +276,8 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
     engine = worker.actor.engine
     sp_check = bool(spec.get("sp_check")) and bool(getattr(engine, "use_ulysses_sp", False))
     plain = unsharded_hidden(engine, data) if sp_check else None  # before the early return: every rank forwards
+    k = spec_topk(spec)
+    lm_head = full_lm_head(engine) if k else None  # likewise: FSDP gathers the weight on every rank
     with capture_final_hidden(engine):
         out = worker.actor.infer_batch(data)
         ref = None
@@ -267,11 +302,16 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
     if dist.is_initialized():  # verl's workers: always; the sums go over the data-parallel group
         group = engine.get_data_parallel_group()
         reduce, rank = dp_all_reduce(group), dist.get_rank(group)
+    top = {}
+    if lm_head is not None:  # DelTA's top-K proxy: the K most probable next tokens from the captured h_t
+        lm_head = lm_head.to(device)
+        top_logp, top_ids = topk_logprobs(hidden, lm_head, k)
+        top = {"topk_logp": top_logp, "topk_ids": top_ids, "lm_head": lm_head}
     res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
                         old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]), entropy=entropy,
                         hidden=hidden,
                         ref_logp=resp(ref["log_probs"]) if ref is not None else None, base_hidden=base_hidden,
-                        reduce=reduce, rank=rank)
+                        reduce=reduce, rank=rank, **top)
     if plain is not None:  # the same credit from the sp=1 forward of this batch: how far Ulysses moved it
         ref_res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
                                 old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]),
