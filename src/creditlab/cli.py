@@ -20,6 +20,7 @@ import yaml
 
 from creditlab import paths
 from creditlab.plan import BASE_RUN, CONFIG_DIR, all_papers, build_plan, compose, run_config
+from creditlab.scales import is_hub
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -109,14 +110,14 @@ def cmd_prepare(a: argparse.Namespace) -> None:
     downloaded with HF_HUB_OFFLINE=1) and prepare them: results/paper/data/verl/<dataset>/{train,val}.parquet,
     suites/<suite>.parquet, the contamination report, prep_report.json (creditlab.data.prepare_paper).
     ``--download-only``: fetch, prepare nothing (a login node with network, before a job with HF_HUB_OFFLINE=1)."""
-    if a.scale == "paper":
+    if is_hub(a.scale):  # paper (the hub downloads) and smoke (the hub fixtures)
         from creditlab.data import prepare_paper
 
         plan = build_plan(_pipeline(a), validate=False)
         try:
             report = prepare_paper.run(plan, a.results, download_only=a.download_only)
         except prepare_paper.PaperDataError as err:
-            raise SystemExit(f"prepare at scale 'paper': {err}") from None
+            raise SystemExit(f"prepare at scale {a.scale!r}: {err}") from None
         summary = {"raw_dir": report["raw_dir"],
                    "downloads": {h: r["status"] for h, r in report["downloads"].items()}}
         if not a.download_only:
@@ -157,6 +158,9 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     if a.scale == "paper":
         _fetch_hub_model(a)
         return
+    if a.scale == "smoke":
+        _write_standin_model(a)
+        return
     from creditlab.data.io import read_records
     from creditlab.data.prepare import warmup_records
     from creditlab.engines.local.sft import save_model, warmup
@@ -185,6 +189,26 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     done = {"steps_done": len(history), "steps_requested": cfg["warmup"]["steps"], "params": n_params(model),
             "final_loss": history[-1]["sft_loss"], "val_greedy_acc": acc, "seconds": time.perf_counter() - t0,
             "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    _write_json(done, out / "DONE")
+    print(json.dumps(done, indent=1))
+
+
+def _write_standin_model(a: argparse.Namespace) -> None:
+    """Scale smoke: the base model of a paper backbone is a random-init stand-in of its architecture class, written
+    as a hub snapshot in the base model's directory (creditlab.models.standin; its tokenizer covers the prepared
+    data), and DONE records it as `warmup` records a fetched snapshot at paper scale."""
+    from creditlab.data.smoke import data_texts
+    from creditlab.models.standin import write_standin
+    from creditlab.tracking.provenance import git_commit
+
+    cfg = compose(a.scale, a.backbone, seed=a.seed)
+    m = cfg["model"]
+    out = paths.fmt(paths.BASE_DIR, results=a.results, scale=a.scale, backbone=a.backbone)
+    data_dir = paths.fmt(paths.DATA_DIR, results=a.results, scale=a.scale)
+    t0 = time.perf_counter()
+    write_standin(m["arch"]["family"], data_texts(data_dir), out, seed=a.seed)
+    done = {"hf_id": m["hf_id"], "standin": True, "family": m["arch"]["family"], "path": str(out.resolve()),
+            "seconds": time.perf_counter() - t0, "commit": git_commit()}
     _write_json(done, out / "DONE")
     print(json.dumps(done, indent=1))
 
@@ -354,9 +378,10 @@ def _train_verl(a: argparse.Namespace, run, cfg: dict[str, Any], launcher=None) 
         done_steps = launch.steps_done(ckpt_dir)
         if done_steps != steps:
             raise SystemExit(f"{run.key}: verl checkpointed step {done_steps} of {steps}; not marking DONE")
-        rc = launch.run_streaming(launch.merge_command(ckpt_dir, done_steps, run_dir / "final"), {})
+        rc = launch.run_streaming(launch.merge_command(ckpt_dir, done_steps, run_dir / "final"), launch.merge_env(cfg))
         if rc != 0:
             raise SystemExit(f"{run.key}: verl's model merger exited with status {rc} (step {done_steps} -> final/)")
+        launch.finish_merged(run_dir / "final", cfg)
         if not paths.fmt(paths.RUN_METRICS, **fill).is_file():
             raise SystemExit(f"{run.key}: no metrics.jsonl in {run_dir}: the verl plug-in writes one line per step")
         tracker.log_artifact(run_paths.config_path)

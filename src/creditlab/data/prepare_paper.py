@@ -429,8 +429,19 @@ def download(inputs: PaperData, results: str | Path, scale: str = "paper", raw: 
 
 def run(plan: Any, results: str | Path, offline: bool | None = None, download_only: bool = False) -> dict[str, Any]:
     """What ``python -m creditlab --scale paper prepare [--download-only]`` does: :func:`plan_inputs`, then
-    :func:`prepare_paper` (or :func:`download`)."""
+    :func:`prepare_paper` (or :func:`download`). At scale ``smoke`` the hub fixtures are placed in the raw_dir first
+    and the catalogue counts are not checked (:mod:`creditlab.data.smoke`)."""
     inputs = plan_inputs(plan)
+    if plan.scale == "smoke":  # the hub fixtures stand in for the downloads (creditlab.data.smoke)
+        from creditlab.data import smoke
+
+        inputs = smoke.smoke_inputs(inputs)
+        raw = raw_dir(results, plan.scale)
+        if download_only:
+            raise PaperDataError("scale smoke downloads nothing: its data are the hub fixtures")
+        for need in needs(inputs):
+            smoke.place(raw, need.dataset)
+        return prepare_paper(inputs, results, plan.scale, raw=raw, offline=True)
     if download_only:
         return download(inputs, results, plan.scale, offline=offline)
     return prepare_paper(inputs, results, plan.scale, offline=offline)

@@ -389,6 +389,29 @@ def merge_command(ckpt_dir: str | Path, step: int, target_dir: str | Path, pytho
             "--target_dir", str(target_dir)]
 
 
+def merge_env(run_cfg: Mapping[str, Any]) -> dict[str, str]:
+    """Environment of the model merger: on a CPU run, verl imports the plug-in (VERL_USE_EXTERNAL_MODULES), which
+    installs the CPU platform and registers the attention implementation named in the checkpoint's HF config."""
+    if cpu.device_of(dict(run_cfg)) != "cpu":
+        return {}
+    return {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, **cpu.cpu_env()}
+
+
+def finish_merged(target_dir: str | Path, run_cfg: Mapping[str, Any]) -> None:
+    """After the merger: a CPU run's final/config.json names creditlab's CPU attention (the training override); drop
+    it, so that every loader (vLLM, transformers) uses its own default, as for the hub snapshot."""
+    if cpu.device_of(dict(run_cfg)) != "cpu":
+        return
+    import json
+
+    path = Path(target_dir) / "config.json"
+    conf = json.loads(path.read_text())
+    if conf.get("attn_implementation") == cpu.ATTN_IMPL or conf.get("_attn_implementation") == cpu.ATTN_IMPL:
+        conf.pop("attn_implementation", None)
+        conf.pop("_attn_implementation", None)
+        path.write_text(json.dumps(conf, indent=2))
+
+
 def run_streaming(argv: list[str], env: Mapping[str, str], cwd: str | Path | None = None) -> int:
     """Run `argv` with `env` added to this process's environment, its output going straight to ours (the job's log,
     line by line); SIGTERM / SIGINT (SLURM preemption, scancel) are passed on to it. Returns its exit status."""
