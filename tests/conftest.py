@@ -50,7 +50,7 @@ from e2e import cancellation_results, delta_results, dfpo_main_results, micro_re
 # (pytest_xdist_make_scheduler): xdist 3.8's own `xdist_group` marks do not group under pytest 9 (seen here: a
 # marked module's tests ran on both workers), and the groups are files anyway.
 MICRO_DAG_MODULES = {"tests/test_browser.py", "tests/test_pipeline_e2e.py"}
-LONG_GROUPS = ["micro-dag", "tests/test_slurm.py", "tests/test_resume.py", "tests/test_paper_scale.py",
+LONG_GROUPS = ["micro-dag", "tests/test_verl_smoke.py", "tests/test_slurm.py", "tests/test_resume.py", "tests/test_paper_scale.py",
                "tests/test_paper_eval.py"]
 
 

@@ -64,6 +64,15 @@ def _train_size(backbone, run, seed):
     return int(v["nnodes"]), int(v["nnodes"]) * int(v["n_gpus_per_node"])
 
 
+def train_threads(wildcards):
+    """Cores of one training job: at smoke scale verl's ranks on this machine (model.verl sized by
+    creditlab.scales.smoke_job), so that --cores 2 runs one 2-rank job at a time; else 1."""
+    if SCALE != "smoke":
+        return 1
+    v = _run_cfg(wildcards.backbone, wildcards.run, wildcards.seed)["model"]["verl"]
+    return int(v["nnodes"]) * int(v["n_gpus_per_node"])
+
+
 def train_nodes(wildcards):
     return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[0]
 

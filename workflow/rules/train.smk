@@ -26,7 +26,7 @@ rule train:
         metrics=at_scale(paths.RUN_METRICS),
     log:
         log_for("train/{backbone}/{run}/s{seed}"),
-    threads: 1
+    threads: train_threads  # smoke: the verl job's ranks (a Ray cluster each); else 1
     resources:
         mem_mb=3000,
         nodes=train_nodes,  # per run (model.verl at paper scale): the SLURM profile leaves these to the rule

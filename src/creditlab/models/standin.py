@@ -29,13 +29,13 @@ SPECIAL = ["<|im_start|>", "<|im_end|>"]
 STOP = "<|im_end|>"
 """A chat turn's end: the checkpoint's generation_config stop token beside the tokenizer's EOS."""
 
-BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+BASE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=4096, tie_word_embeddings=False)
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen3": dict(head_dim=16),
+    "qwen3": dict(head_dim=32),  # head sizes >= 32: vLLM's CPU attention serves 32, 64, 80, ...
     "qwen2": dict(),
     "olmo3": dict(),
-    "qwen3_next": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    "qwen3_next": dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16, decoder_sparse_step=1,
                        layer_types=["full_attention", "full_attention"]),

@@ -715,6 +715,10 @@ def _comparability_note(scale: str) -> str:
         return ("**Scale `paper`.** Our numbers and the *paper* columns use the paper's benchmarks "
                 "and backbones: they are comparable, up to sampling noise and the evaluation "
                 "settings (k, sampling, max tokens) stated below.")
+    if scale == "smoke":
+        return ("**Scale `smoke`: these numbers mean nothing.** The paper's pipeline ran end to end on a CPU (verl, "
+                "vLLM, the hub loaders) with random-init stand-ins of the backbones, a handful of fixture questions "
+                "and 2 RL steps per run: the table proves the path executes, not any result.")
     return (f"**Scale `{scale}`: these are NOT the paper's results.** Our numbers come from tiny "
             f"models on synthetic suites that stand in for the paper's benchmarks. The *paper* "
             f"columns are the numbers the paper reports at paper scale on its own benchmarks and "

@@ -39,6 +39,7 @@ import asyncio
 import hashlib
 import inspect
 import os
+import threading
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ def cpu_env() -> dict[str, str]:
 def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
     """verl overrides (key -> value) that put a run on the CPU; the launcher applies them last.
 
-    FSDP2 over gloo in float32 (FSDP1's ``sync_module_states`` needs GPUs), the varlen SDPA attention, our rollout
+    FSDP2 (the launcher's strategy) over gloo in float32, the varlen SDPA attention, our rollout
     replica with one agent worker, Ray with fake GPUs and >= :data:`MIN_RAY_CPUS` logical CPUs, no torch.compile.
     """
     v = run_cfg["model"]["verl"]
@@ -101,10 +102,11 @@ def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
         "reward.num_workers": 1,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 2,
     }
-    for role in ("actor", "ref"):
-        o[f"{arr}.{role}.strategy"] = "fsdp2"
+    for role in ("actor", "ref"):  # strategy fsdp2 as on the GPUs (the launcher's); float32 on a CPU
         o[f"{arr}.{role}.fsdp_config.dtype"] = "float32"
         o[f"{arr}.{role}.use_torch_compile"] = False
+    if (run_cfg["trainer"].get("lora") or {}).get("enable"):  # the CPU rollout loads full tensors: merged adapters
+        o[f"{arr}.model.lora.merge"] = True
     o[f"{arr}.actor.fsdp_config.param_offload"] = False
     o[f"{arr}.actor.fsdp_config.optimizer_offload"] = False
     o[f"{arr}.ref.fsdp_config.param_offload"] = False
@@ -399,8 +401,20 @@ def _platform_class() -> type:
 # the rollout: server actor, replica, worker-side adapter
 
 
-def _seed_of(request_id: str, version: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{request_id}/{version}".encode()).digest()[:4], "little")
+def _seed_of(prompt_ids: list[int], global_steps: int | None, k: int) -> int:
+    """The sampling seed of the k-th request for ``prompt_ids`` under the weights of ``global_steps``: a function of
+    what is sampled, not of verl's random request ids, so that a resumed run samples what an uninterrupted one did
+    (the k samples of one prompt are exchangeable: which request gets which seed does not change the group)."""
+    key = f"{','.join(map(str, prompt_ids))}/{global_steps}/{k}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
+def _hf_name(name: str, own: dict) -> str:
+    """A synced tensor's name in the rollout model's state dict (peft / FSDP wrapper prefixes dropped)."""
+    for prefix in ("base_model.model.", "_fsdp_wrapped_module.", "module."):
+        if name not in own and name.startswith(prefix):
+            name = name[len(prefix):]
+    return name.replace(".base_layer.", ".") if name not in own else name
 
 
 class CPURolloutServer:
@@ -420,10 +434,13 @@ class CPURolloutServer:
         self.pad_id = int(pad_id)
         self.version = 0
         self.global_steps: int | None = None
+        self._requests: dict[tuple, int] = {}  # (prompt ids, global steps) -> requests so far (sampling seeds)
+        self._lock = threading.Lock()
         self.syncs: list[dict[str, Any]] = []
 
     def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> dict[str, Any]:
         own = self.model.state_dict()
+        state = {_hf_name(k, own): v for k, v in state.items()}
         unknown = sorted(set(state) - set(own))
         if unknown:
             raise KeyError(f"weights the rollout model does not have: {unknown[:5]}")
@@ -435,6 +452,8 @@ class CPURolloutServer:
             self.model.tie_weights()
         self.version += 1
         self.global_steps = global_steps
+        with self._lock:
+            self._requests.clear()  # new weights: seeds restart per (prompt, step)
         checksum = float(sum(p.double().sum().item() for p in self.model.parameters()))
         self.syncs.append({"version": self.version, "global_steps": global_steps, "tensors": len(state),
                            "checksum": checksum})
@@ -454,10 +473,14 @@ class CPURolloutServer:
         top_k = int(sampling_params.get("top_k", -1) or -1)
         max_new = int(sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens")
                       or self.response_length)
+        with self._lock:
+            slot = (tuple(prompt_ids), self.global_steps)
+            k = self._requests.get(slot, 0)
+            self._requests[slot] = k + 1
         gen = generate(self.model, [list(prompt_ids)], max_new_tokens=max_new, eos_id=self.eos_ids[0],
                        pad_id=self.pad_id, greedy=greedy, temperature=1.0 if greedy else temperature,
                        top_p=float(sampling_params.get("top_p", 1.0)), top_k=max(0, top_k),
-                       seed=_seed_of(request_id, self.version))
+                       seed=_seed_of(list(prompt_ids), self.global_steps, k))
         resp = list(gen.response_ids[0])
         cut = next((i for i, t in enumerate(resp) if t in self.eos_ids), None)
         if cut is not None:

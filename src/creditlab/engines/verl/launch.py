@@ -65,6 +65,8 @@ REWARD_FILE = Path(__file__).resolve().with_name("reward.py")
 """verl's custom reward function file (``compute_score``: math-verify / multiple choice / code by data source)."""
 REWARD_FN = "compute_score"
 LOGGERS = ("console", "mlflow")
+STRATEGY = "fsdp2"
+"""verl's training strategy of actor and reference at every verl scale (design note 25)."""
 
 ADVANTAGES = {"grpo": ("grpo", True), "dr_grpo": ("grpo", False), "rloo": ("rloo", True)}
 """creditlab advantage -> (verl algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo)."""
@@ -248,6 +250,10 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
         "actor_rollout_ref.actor.use_kl_loss": False,
         "actor_rollout_ref.actor.entropy_coeff": 0,
         "actor_rollout_ref.actor.data_loader_seed": seed,
+        # FSDP2 for actor and reference (design note 25): torch deprecates FSDP1, verl's engine workers implement
+        # FSDP2 (its defaults still say fsdp), and it is the strategy smoke runs exercise on a CPU
+        "actor_rollout_ref.actor.strategy": STRATEGY,
+        "actor_rollout_ref.ref.strategy": STRATEGY,
         "actor_rollout_ref.actor.fsdp_config.param_offload": bool(v["param_offload"]),
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload": bool(v["optimizer_offload"]),
         "actor_rollout_ref.ref.fsdp_config.param_offload": bool(v["param_offload"]),

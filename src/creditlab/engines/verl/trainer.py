@@ -101,10 +101,11 @@ METRIC_NAMES = {"reward_mean": "critic/rewards/mean", "score_mean": "critic/scor
 """creditlab's metric names (those of the local engine's metrics.jsonl, read by tables and figures) -> verl's."""
 
 
-def metrics_line(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-    """One metrics.jsonl object of a verl step: creditlab's names (:data:`METRIC_NAMES`) and every numeric verl
-    metric under its own name."""
-    out: dict[str, Any] = {"step": int(step)}
+def metrics_line(global_step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One metrics.jsonl object of verl's step ``global_step`` (1-based): ``step`` 0-based as the local engine writes
+    it (the tables count steps from it), creditlab's names (:data:`METRIC_NAMES`) and every numeric verl metric
+    under its own name."""
+    out: dict[str, Any] = {"step": int(global_step) - 1, "global_step": int(global_step)}
     for k, v in metrics.items():
         try:
             out[k] = float(v)
