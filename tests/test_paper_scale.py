@@ -570,7 +570,7 @@ class _FakeVerl:
 
     def __init__(self, steps_written=None, rc=0):
         self.calls, self.steps_written, self.rc = [], steps_written, rc
-        for name in ("RunPaths", "preflight", "steps_done", "merge_command"):
+        for name in ("RunPaths", "preflight", "steps_done", "merge_command", "merge_env", "finish_merged"):
             setattr(self, name, getattr(launch, name))
 
     def verl_command(self, cfg, rp, **kw):
