@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 DFPO_RUNS = ("grpo", "gspo", "grpo-fix", "dfpo")
 BIG = "qwen3-32b"  # DFPO's compute-table backbone (Ulysses sp 8 on the cluster, 2 here)
 DELTA = ("qwen3-8b-base", "delta", 0)
+SMALL = "qwen3-1.7b-base"  # Papers C and D's backbone (sp 1): ARCA with LoRA, QB + RB
 
 
 def _fill(results: Path, backbone: str, run: str, seed: int = 0) -> dict:
@@ -35,7 +36,8 @@ def smoke(tmp_path_factory):
     """results/ of the smoke DAG: DFPO's compute table and the DelTA run's vLLM evaluation."""
     results = tmp_path_factory.mktemp("smoke") / "results"
     delta_eval = paths.fmt(paths.EVAL_METRICS, **_fill(results, *DELTA))
-    targets = [str(results / "smoke" / "tables" / "dfpo" / "compute.csv"), str(delta_eval)]
+    targets = [str(results / "smoke" / "tables" / "dfpo" / "compute.csv"), str(delta_eval)] + [
+        str(paths.fmt(paths.RUN_DONE, **_fill(results, SMALL, run))) for run in ("arca-r4", "qb-rb")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *targets, "--config", "scale=smoke",
            f"results={results}"]
@@ -67,6 +69,7 @@ def test_verl_runs_train_two_steps_with_weight_sync_every_step(smoke, run):
     assert syncs[1] == syncs[0] + 1
     assert m[1]["creditlab/rollout_weights_checksum"] != m[0]["creditlab/rollout_weights_checksum"]
     assert max(x["training/rollout_probs_diff_max"] for x in m) < 1e-2
+    assert max(x["critic/advantages/max"] for x in m) > 0  # rewards varied (overlong shaping): a real update
 
 
 def test_sequential_batching_keeps_groups_whole_for_the_group_coupled_losses(smoke):
@@ -167,3 +170,27 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_same_metrics(smo
     assert [x["step"] for x in resumed] == [0, 1]
     for key in ("reward_mean", "response_len_mean", "creditlab/rollout_weights_checksum", "actor/entropy"):
         assert resumed[1][key] == pytest.approx(whole[1][key], rel=1e-5, abs=1e-6), key
+
+
+def test_arca_lora_reference_pass_runs_inside_the_worker(smoke):
+    """ARCA (Paper D) with a LoRA adapter: the adapter-disabled reference pass runs in the workers' old-log-prob call
+    (no separate reference worker group), the residual ||h_adapted - h_base|| grows from 0 once the adapter has been
+    updated, and the merged adapter weights reach the CPU rollout."""
+    cfg = __import__("yaml").safe_load((paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4")) / "config.yaml")
+                                       .read_text())
+    assert cfg["trainer"]["lora"]["enable"] and cfg["trainer"]["lora"]["rank"] == 4
+    m = _metrics(smoke, SMALL, "arca-r4")
+    assert [x["step"] for x in m] == [0, 1]
+    assert m[0]["creditlab/arca_residual_max"] == 0.0  # B = 0 before the first update
+    assert m[1]["creditlab/arca_residual_max"] > 0.0 and "creditlab/ref_kl" in m[1]
+    assert m[1]["creditlab/rollout_weights_checksum"] != m[0]["creditlab/rollout_weights_checksum"]
+
+
+def test_query_preserved_and_reward_balanced_batching_on_verl(smoke):
+    """QB + RB (Paper C): the RB sampler buffers whole groups in TransferQueue over generation rounds and emits one
+    batch per step; QB's order leaves no group split across the optimizer steps verl cut."""
+    m = _metrics(smoke, SMALL, "qb-rb")
+    assert [x["step"] for x in m] == [0, 1]
+    for x in m:
+        assert x["training/rb/emitted"] == 1 and x["training/rb/rounds"] >= 1
+        assert x["creditlab/groups_split_frac"] == 0.0

@@ -28,6 +28,9 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 SPECIAL = ["<|im_start|>", "<|im_end|>"]
 STOP = "<|im_end|>"
 """A chat turn's end: the checkpoint's generation_config stop token beside the tokenizer's EOS."""
+STOP_SCALE = 12.0
+"""Scale of the stop tokens' LM-head rows: with it a stand-in ends ~20% of 8-token responses within 4 tokens and the
+rest spread over 5-8 (measured on the Qwen3 stand-in, 32 samples); without it nearly all run to the budget."""
 
 BASE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=4096, tie_word_embeddings=False)
@@ -79,8 +82,10 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(seed)
     model = model_cls(cfg).float()
-    with torch.no_grad():  # a peakier random policy: responses end (EOS) within a few tokens now and then
-        model.get_output_embeddings().weight.mul_(3.0)
+    with torch.no_grad():  # a peakier random policy whose responses end (a stop token) after 2-8 tokens: lengths vary
+        head = model.get_output_embeddings().weight  # within a group, so overlong shaping gives rewards that vary
+        head.mul_(3.0)  # (a random model is never right), advantages are non-zero and every update path runs
+        head[[tok.eos_token_id, stop]] *= STOP_SCALE
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -424,6 +424,9 @@ class CreditlabTrainer(PPOTrainerSync):
             metrics["creditlab/rollout_weights_checksum"] = syncs[-1]["checksum"] if syncs else 0.0
         path = os.path.join(os.path.dirname(os.environ[ENV_RUN_CONFIG]), "metrics.jsonl")
         append_metrics(path, metrics_line(global_steps, metrics))
+        if getattr(self, "_save_due", False):  # the step's checkpoint, after its line (see _save_checkpoint)
+            self._save_due = False
+            self._save_checkpoint_now()
         return out
 
     def _setup_creditlab(self) -> None:
@@ -656,6 +659,12 @@ class CreditlabTrainer(PPOTrainerSync):
         return os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
 
     def _save_checkpoint(self):
+        """Deferred to the end of the step's metrics (:meth:`_compute_metrics`): verl saves before it computes a
+        step's metrics, so a job killed in between would resume past a step whose metrics.jsonl line was never
+        written; saved after it, a resumed run redoes that step and rewrites its line."""
+        self._save_due = True
+
+    def _save_checkpoint_now(self):
         if isinstance(self.replay_buffer, RewardBalancedSampler):  # before verl marks the step as the latest
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
