@@ -576,7 +576,7 @@ class _FakeVerl:
     def verl_command(self, cfg, rp, **kw):
         return launch.verl_command(cfg, rp, plugin_overrides=lambda c: [], **kw)
 
-    def run_streaming(self, argv, env):
+    def run_streaming(self, argv, env, cwd=None):
         self.calls.append((argv, dict(env)))
         if argv[2] == launch.VERL_MAIN:
             kv = _kv(argv)

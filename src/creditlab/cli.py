@@ -371,7 +371,7 @@ def _train_verl(a: argparse.Namespace, run, cfg: dict[str, Any], launcher=None) 
                                         tracking_uri=tracking_uri(Path(a.results)), num_cpus=_slurm_cpus())
         print(f"{run.key}: {'resuming from step ' + str(resumed_at) if resumed_at else 'starting'}; "
               f"{' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}", file=sys.stderr, flush=True)
-        rc = launch.run_streaming(argv, env)
+        rc = launch.run_streaming(argv, env, cwd=run_dir)  # verl's Hydra writes its outputs/ under the run dir
         if rc != 0:
             raise SystemExit(f"{run.key}: verl exited with status {rc}; its checkpoints stay in {ckpt_dir} and a "
                              f"re-run resumes from the last one")
