@@ -35,7 +35,9 @@ SMOKE_MAX_SP = 2
 
 def smoke_job(verl_job: dict) -> dict:
     """A backbone's verl job (``model.verl``) sized for a CPU: one node, as many ranks as its Ulysses sp capped at
-    :data:`SMOKE_MAX_SP` (so sp > 1 backbones still run Ulysses over 2 ranks), no tensor-parallel rollout, no offload."""
+    :data:`SMOKE_MAX_SP` (so sp > 1 backbones still run Ulysses over 2 ranks), one rollout replica over all of them
+    (``rollout_tp`` = ranks: the CPU rollout serves a replica from one process, and its sampling seeds count the
+    requests per prompt, which two replicas would each count from 0), no offload."""
     sp = min(int(verl_job["ulysses_sp"]), SMOKE_MAX_SP)
-    return {**verl_job, "nnodes": 1, "n_gpus_per_node": sp, "ulysses_sp": sp, "rollout_tp": 1,
+    return {**verl_job, "nnodes": 1, "n_gpus_per_node": sp, "ulysses_sp": sp, "rollout_tp": sp,
             "param_offload": False, "optimizer_offload": False}

@@ -41,7 +41,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3_next": dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                        shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
                        linear_key_head_dim=16, linear_value_head_dim=16, decoder_sparse_step=1,
-                       layer_types=["full_attention", "full_attention"]),
+                       layer_types=["linear_attention", "full_attention"]),
 }
 """Per family: the stand-in's config beyond :data:`BASE` (a few small layers)."""
 
