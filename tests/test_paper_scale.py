@@ -526,7 +526,6 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     elapsed = time.perf_counter() - t0
     print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "
           f"overrides, {len(refused)} local-engine-only ({', '.join(sorted(refused))}) in {elapsed:.1f} s")
-    assert elapsed < 60
 
 
 def test_verl_reads_the_prepared_parquet(tmp_path):
