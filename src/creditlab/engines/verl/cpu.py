@@ -92,6 +92,8 @@ def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
         "ray_kwargs.ray_init.num_cpus": max(MIN_RAY_CPUS, 8 * gpus),
         "+ray_kwargs.ray_init.num_gpus": gpus,
         "+ray_kwargs.ray_init.include_dashboard": False,
+        "+ray_kwargs.ray_init.address": "local",  # a Ray cluster of its own, never one found on the machine (another
+        #                                           job's, or a `ray start` one: Ray joins those by default)
         f"+{arr}.model.override_config.attn_implementation": ATTN_IMPL,
         f"{arr}.model.enable_gradient_checkpointing": False,
         f"{arr}.model.use_fused_kernels": False,
