@@ -381,28 +381,22 @@ def _vllm_free_lora_check(monkeypatch):
     return module
 
 
-LOCAL_ENGINE_ONLY = {"paper/qwen3-1.7b-base/sign-partitioned/s0"}
-"""The paper-scale runs the verl engine cannot express (creditlab.engines.verl.plugin.LocalEngineOnly): Paper C's
-sign-partitioned control (trainer.batching=sign_partitioned: unequal mini-batches, verl cuts equal ones). Its row
-trains with the local engine only; every other paper-scale run composes with the plug-in."""
-
-
-@pytest.mark.parametrize("papers,n_runs,local_only,several_nodes", [
-    (PAPERS, 110, LOCAL_ENGINE_ONLY, True),
-    (["headtohead"], 57, set(), False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
+@pytest.mark.parametrize("papers,n_runs,several_nodes", [
+    (PAPERS, 110, True),
+    (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
 ], ids=["five-papers", "headtohead"])
 def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch, papers, n_runs,
-                                                             local_only, several_nodes):
+                                                             several_nodes):
     """Each of the 110 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
     build (actor, ref, rollout, model, algorithm, checkpoint engine, skip, distillation, critic when used), the
     dynamic-sampling metric, the custom reward function and the reward manager; and what creditlab's verl trainer
-    checks at start-up (CreditlabTrainer._setup_creditlab: batching, whole groups for the group-coupled losses). The
-    only runs the plug-in refuses are LOCAL_ENGINE_ONLY (plugin.LocalEngineOnly, with its reason)."""
+    checks at start-up (CreditlabTrainer._setup_creditlab: batching, whole groups for the group-coupled losses). Every
+    run composes: Paper C's sign-partitioned control too (trainer.sign_order)."""
     from omegaconf import OmegaConf
 
-    from creditlab.engines.verl.plugin import LocalEngineOnly, local_engine_only, plugin_overrides
+    from creditlab.engines.verl.plugin import plugin_overrides
     from creditlab.engines.verl.trainer import CreditlabTrainer
 
     from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
@@ -425,7 +419,7 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     models = {c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
               for c in run_cfgs}
     stand_ins = _stand_in_models(tmp_path / "models", models)
-    checked_models, checked_rewards, seen, refused, built, multi_node = {}, {}, set(), {}, {}, 0
+    checked_models, checked_rewards, seen, built, multi_node = {}, {}, set(), {}, 0
 
     def dataclass_of(node, dataclass_type=None):
         """verl's omega_conf_to_dataclass, once per distinct (resolved) config section: runs share most sections,
@@ -439,11 +433,6 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
         for cfg in run_cfgs:
             key, t, m = cfg["run"]["key"], cfg["trainer"], cfg["method"]
             rp = launch.RunPaths.of(cfg, tmp_path / "results", model_path=str(stand_ins[cfg["model"]["name"]]))
-            if local_engine_only(cfg) is not None:
-                with pytest.raises(LocalEngineOnly, match="local engine only") as err:
-                    launch.verl_command(cfg, rp, plugin_overrides=plugin_overrides)
-                refused[key] = str(err.value)
-                continue
             argv, env = launch.verl_command(cfg, rp, mlflow_run_id="0" * 32, tracking_uri="http://mlflow.invalid",
                                             plugin_overrides=plugin_overrides)
             v = cfg["model"]["verl"]
@@ -521,11 +510,10 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
                 assert arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * \
                     arr.actor.ulysses_sequence_parallel_size >= t["group_size"] * rollout.max_model_len
             seen.add(key)
-    assert set(refused) == local_only and len(seen) == n_runs - len(local_only) and (multi_node > 0) == several_nodes
-    assert all("sign-partitioned mini-batches" in why for why in refused.values())
+    assert len(seen) == n_runs and (multi_node > 0) == several_nodes
     elapsed = time.perf_counter() - t0
     print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "
-          f"overrides, {len(refused)} local-engine-only ({', '.join(sorted(refused))}) in {elapsed:.1f} s")
+          f"overrides in {elapsed:.1f} s")
 
 
 def test_verl_reads_the_prepared_parquet(tmp_path):

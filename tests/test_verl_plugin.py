@@ -446,18 +446,15 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
     ("dfpo", ["trainer.batching=random"], "couples the rollouts of a group.*'random'"),
     ("grpo_fix", ["trainer.batching=token_balanced"], "couples the rollouts of a group"),
     ("grpo", ["trainer.batching=sequential", "trainer.mini_batches=3"], "not a multiple of trainer.mini_batches=3"),
-    ("dapo", ["trainer.batching=sign_partitioned"], "local engine only: sign-partitioned"),
+    ("dapo", ["trainer.batching=sign_partitioned", "trainer.mini_batches=3"], "not a multiple of trainer.mini_b"),
     ("dapo", ["trainer.batching=nope"], "not supported"),
     ("dapo", ["trainer.reward_balance.enable=true", "trainer.dynamic_sampling=true"], "dynamic sampling"),
     ("arca", ["trainer.lora.enable=false"], "lora.enable"),
 ])
 def test_plugin_overrides_refuses_what_verl_cannot_run(method, over, match):
     cfg = _run_cfg(method, over)
-    with pytest.raises(ValueError, match=match) as err:
+    with pytest.raises(ValueError, match=match):
         plugin.plugin_overrides(cfg)
-    local_only = "sign_partitioned" in " ".join(over)  # the one kind of run verl cannot express at all
-    assert isinstance(err.value, plugin.LocalEngineOnly) is local_only
-    assert (plugin.local_engine_only(cfg) is not None) is local_only
 
 
 def test_group_coupled_plan_checks_use_the_job_size():
@@ -638,6 +635,7 @@ def _trainer_stub(verl_cfg, dp, **attrs):
     t.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": list(range(dp))})
     t.use_critic, t.global_steps, t.seed, t.tokenizer = False, 1, 0, SimpleNamespace(eos_token_id=2)
     t.qb, t.sequential, t.group_coupled, t.batching = False, False, False, "token_balanced"
+    t.sign_partitioned = False
     t.__dict__.update(attrs)
     return t
 
@@ -698,6 +696,53 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     for m in (m_verl, m_qb):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] < 0.1 * m["global_seqlen/mean"]
     _clear_partition(tq)
+
+
+def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cuts(transfer_queue):
+    """Paper C's sign-partitioned control on verl (trainer.batching=sign_partitioned): under verl's real dispatch and
+    mini-batching every optimizer step holds rollouts of one advantage sign except at most the one where the sides
+    meet, counted in ``creditlab/sign_mixed_minibatches``; verl's own order mixes the signs in every step."""
+    from transfer_queue import KVBatchMeta
+
+    tq = transfer_queue
+    _clear_partition(tq)
+    dp, prompts, mini = 2, 8, 2  # 8 prompts x 4 rollouts, mini-batches of 2 prompts (4 steps), 2 ranks
+    verl_cfg = _verl_cfg([f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+                          f"actor_rollout_ref.rollout.n={GROUP}", "actor_rollout_ref.actor.shuffle=false"])
+    g = torch.Generator().manual_seed(1)
+    keys, tags, sign = [], [], {}
+    for p in range(prompts):
+        rewards = [1, 0, 0, 0] if p % 3 else [1, 1, 0, 0]  # 11 positive rollouts of 32: the sides meet mid-step
+        lens = torch.randint(5, 50, (GROUP,), generator=g).tolist()
+        _, k = _put_group(tq, rewards, step=1, seq_lens=lens)
+        mean = sum(rewards) / GROUP
+        sign |= {key: r > mean for key, r in zip(k, rewards)}  # A_i > 0 (grpo: above the group mean)
+        keys += k
+        tags += [{"seq_len": 10 + n} for n in lens]
+    mixed = {}
+    for name, stub in (("verl", {}), ("sign", {"sign_partitioned": True, "batching": "sign_partitioned",
+                                               "advantage_name": "grpo"})):
+        batch = KVBatchMeta(keys=list(keys), tags=[dict(t) for t in tags], partition_id="train")
+        metrics: dict = {}
+        batch = _trainer_stub(verl_cfg, dp, **stub)._balance_batch(batch, metrics)
+        realised = _realised_minibatches(batch, dp, mini * GROUP)
+        assert sorted(k for mb in realised for _, k in mb) == sorted(keys)
+        mixed[name] = sum(len({sign[k] for _, k in mb}) > 1 for mb in realised)
+        if name == "sign":
+            assert metrics["creditlab/sign_mixed_minibatches"] == mixed[name]
+    assert mixed["sign"] == 1 and mixed["verl"] == prompts // mini
+    _clear_partition(tq)
+
+
+def test_sign_order_is_sequential_cuts_of_the_sides():
+    """trainer.sign_order: a permutation; with the positives filling whole mini-batches exactly, no step mixes."""
+    adv = torch.tensor([1.0, -1, 1, -1, 0, 1, -1, 1])  # 4 positive of 8: 2 mini-batches of 4 are single-sign
+    order, per_rank, mixed = vtrainer.sign_order(adv, 2, 2, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(8)) and mixed == 0 and [len(r) for r in per_rank] == [4, 4]
+    for rows in vtrainer.verl_minibatches(8, 2, 4):
+        assert len({bool(adv[order[i]] > 0) for i in rows}) == 1
+    with pytest.raises(ValueError, match="equal mini-batches"):
+        vtrainer.sign_order(adv, 3, 2, torch.Generator())
 
 
 def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):

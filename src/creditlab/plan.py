@@ -307,20 +307,16 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
 def check_verl_run(cfg: dict[str, Any], key: str) -> None:
     """A verl-engine run (paper, smoke) is one the verl job would start: the launcher's preflight (batches over ranks,
     context lengths) and the plug-in's overrides (method x batching x parallelism combinations, credit inputs the
-    workers provide, RB with dynamic sampling) pass, else PlanError with the key and the reason. Runs the plug-in
-    declares local-engine-only (`LocalEngineOnly`: Paper C's sign-partitioned control) are left to the train job,
-    which refuses them with that reason (they have no verl form)."""
+    workers provide, RB with dynamic sampling) pass, else PlanError with the key and the reason."""
     if (cfg.get("trainer") or {}).get("engine", "local") != "verl":
         return
     from creditlab.engines.verl.launch import LaunchError, preflight
-    from creditlab.engines.verl.plugin import LocalEngineOnly, plugin_overrides
+    from creditlab.engines.verl.plugin import plugin_overrides
 
     cfg = {**cfg, "run": {**(cfg.get("run") or {}), "key": key}}
     try:
         preflight(cfg)
         plugin_overrides(cfg)
-    except LocalEngineOnly:
-        return
     except (LaunchError, ValueError, KeyError) as e:
         raise PlanError(f"{key}: the verl engine would refuse this run at its first step: {e}") from None
 

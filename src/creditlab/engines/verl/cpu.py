@@ -107,6 +107,8 @@ def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
     for role in ("actor", "ref"):  # strategy fsdp2 as on the GPUs (the launcher's); float32 on a CPU
         o[f"{arr}.{role}.fsdp_config.dtype"] = "float32"
         o[f"{arr}.{role}.use_torch_compile"] = False
+        o[f"{arr}.{role}.fsdp_config.use_torch_compile"] = False  # what the FSDP engine reads (torch.compile of the
+        #   entropy at transformer_impl.py:183-187): on a CPU a ~10 s compile in the first old-log-prob pass
     if (run_cfg["trainer"].get("lora") or {}).get("enable"):  # the CPU rollout loads full tensors: merged adapters
         o[f"{arr}.model.lora.merge"] = True
     o[f"{arr}.actor.fsdp_config.param_offload"] = False

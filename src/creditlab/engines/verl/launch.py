@@ -160,19 +160,14 @@ def context_window(model: Mapping[str, Any]) -> int:
 
 
 def preflight(run_cfg: Mapping[str, Any]) -> None:
-    """Check what verl / vLLM would only reject on the GPUs (LaunchError naming the keys), and refuse a run the
-    plug-in declares local-engine-only, before the job creates anything (MLflow run, checkpoint dir).
+    """Check what verl / vLLM would only reject on the GPUs (LaunchError naming the keys) before the job creates
+    anything (MLflow run, checkpoint dir).
 
     Batches: prompts_per_step is a multiple of mini_batches; a mini-batch's rollouts split evenly over the
     data-parallel ranks (GPUs / Ulysses sp), and the rollout batch over them; the GPUs split into vLLM tensor-parallel
     groups. Lengths: prompt + response (training) and prompt + eval.max_new_tokens fit the model's context window;
     the overlong buffer is shorter than the response budget.
     """
-    from creditlab.engines.verl.plugin import LocalEngineOnly, local_engine_only
-
-    reason = local_engine_only(run_cfg)  # e.g. sign-partitioned batching: runs on the local engine only
-    if reason is not None:
-        raise LocalEngineOnly(f"run {run_cfg['run']['key']}: {reason}")
     t, m, e = run_cfg["trainer"], run_cfg["model"], run_cfg["eval"]
     v = m["verl"]
     gpus = int(v["nnodes"]) * int(v["n_gpus_per_node"])
@@ -279,7 +274,7 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
         "algorithm.norm_adv_by_std_in_grpo": std_norm,
         "algorithm.use_kl_in_reward": False,
         "algorithm.filter_groups.enable": bool(t["dynamic_sampling"]),
-        "algorithm.filter_groups.metric": "acc",
+        "algorithm.filter_groups.metric": str((run_cfg.get("verl") or {}).get("filter_metric", "acc")),
         "algorithm.filter_groups.max_num_gen_batches": int(t["max_gen_batches"]),
         # reward: creditlab's verifiers through verl's DAPO reward manager (overlong shaping, `acc` for filtering)
         "reward.reward_manager.name": "dapo",

@@ -58,19 +58,6 @@ SAMPLER_NAME = "RewardBalancedSampler"
 GROUP_BATCHINGS = ("sequential", "query_preserved")
 """trainer.batching values that keep every group whole in one mini-batch and on one rank under verl (the orders
 of ``trainer.CreditlabTrainer._balance_batch``): what a group-coupled loss needs."""
-LOCAL_ENGINE_ONLY_BATCHINGS = {
-    "sign_partitioned": "sign-partitioned mini-batches (Paper C's broken-cancellation control) have unequal sizes "
-                        "(positive vs other rollouts, in proportion to the batch's signs), while verl cuts every "
-                        "rank's data into equal mini-batches of actor.ppo_mini_batch_size prompts",
-}
-"""trainer.batching values only the local engine implements, with the reason (:class:`LocalEngineOnly`)."""
-
-
-class LocalEngineOnly(ValueError):
-    """A run the verl engine cannot express at all (not a configuration slip): it trains with the local engine
-    only. Raised by :func:`plugin_overrides`; :func:`local_engine_only` gives the reason without raising.
-    Paper scale: the one such row is Paper C's ``sign-partitioned`` control (tests/test_paper_scale.py)."""
-
 WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "topk_ids"})
 """CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
 function or token filter naming one of them runs inside the workers' old-log-prob pass."""
@@ -87,6 +74,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "credit_dp_stats": "global",  # DelTA statistics: all-reduced over data-parallel ranks | "rank" (official)
     "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
     "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update
+    "filter_metric": "acc",  # DAPO's dynamic sampling drops groups whose `acc` (verifier score) ties | "reward"
+    #                          (the shaped reward: scale smoke, whose random stand-ins never score, so acc always ties)
 }
 """Options of the plug-in read from an optional ``verl:`` section of the run config [ours]; the launcher
 may leave it out. ``rb.on_exhausted``: ``train_unbalanced`` (the oldest groups, logged) | ``raise``."""
@@ -359,18 +348,6 @@ def _check_inputs(run_cfg: dict) -> None:
                 raise ValueError(f"{kind} {fn.__name__} needs {missing}, which the verl engine does not provide{hint}")
 
 
-def local_engine_only(run_cfg: dict) -> str | None:
-    """Why the verl engine cannot run ``run_cfg`` at all (it trains with the local engine only), or None.
-
-    Today: a ``trainer.batching`` of :data:`LOCAL_ENGINE_ONLY_BATCHINGS` (``sign_partitioned``)."""
-    batching = run_cfg["trainer"].get("batching", "random")
-    reason = LOCAL_ENGINE_ONLY_BATCHINGS.get(batching)
-    if reason is None:
-        return None
-    return (f"trainer.batching={batching!r} runs on the local engine only: {reason}, so the partition cannot be "
-            "expressed on the verl engine")
-
-
 def _verl_sizes(run_cfg: dict) -> tuple[int, int] | None:
     """(data-parallel ranks, Ulysses sp) of the actor from the run config's ``model.verl`` (the launcher's job
     size), or None when the run config has none (tiny / micro backbones)."""
@@ -386,10 +363,11 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     t = run_cfg["trainer"]
     actor = "actor_rollout_ref.actor"
     batching = t.get("batching", "random")
-    if batching not in ("random", "token_balanced", *GROUP_BATCHINGS):
-        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (verl cuts equal-size "
-                         "mini-batches); valid choices: ['random', 'token_balanced', 'query_preserved', 'sequential'] "
-                         "(random and token_balanced both mean verl's own balancing)")
+    ordered = (*GROUP_BATCHINGS, "sign_partitioned")  # orders our trainer lays out for verl's contiguous cuts
+    if batching not in ("random", "token_balanced", *ordered):
+        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine; valid choices: "
+                         f"{['random', 'token_balanced', *ordered]} (random and token_balanced both mean verl's own "
+                         "balancing)")
     grouped = needs_group_ids(loss)
     if grouped and batching not in GROUP_BATCHINGS:
         raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: every group must be whole in one "
@@ -398,16 +376,16 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
                          "scattering groups); valid choices: "
                          f"{list(GROUP_BATCHINGS)}")
     out = []
-    if batching in GROUP_BATCHINGS:
+    if batching in ordered:
         out.append(f"{actor}.shuffle=false")  # verl's mini-batch iterator keeps each rank's order
     if batching == "sequential":
         out.append("trainer.balance_batch=false")  # the legacy trainer's switch; V1 always calls _balance_batch,
         #                                           which our trainer overrides with the sequential order
-    if batching not in GROUP_BATCHINGS:
+    if batching not in ordered:
         return out
     prompts, mini, g = int(t["prompts_per_step"]), int(t["mini_batches"]), int(t["group_size"])
     if mini < 1 or prompts % mini:
-        raise ValueError(f"trainer.batching={batching!r} needs equal mini-batches of whole groups, but "
+        raise ValueError(f"trainer.batching={batching!r} needs equal mini-batches of whole prompts, but "
                          f"trainer.prompts_per_step={prompts} is not a multiple of trainer.mini_batches={mini}")
     sizes = _verl_sizes(run_cfg)
     if not grouped or sizes is None:
@@ -443,6 +421,9 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
                the batch's groups contiguous in their order and lays them out so that verl's dispatch (equal
                contiguous chunks per rank) and mini-batch iterator (contiguous slices, no shuffle) realise the local
                engine's sequential mini-batches (``trainer.sequential_order``);
+      sign-partitioned ``actor_rollout_ref.actor.shuffle=false``: the trainer orders the rollouts by advantage sign
+               so that verl's equal mini-batches each hold one sign but for the one where the sides meet
+               (``trainer.sign_order``; the local engine's sign mini-batches have unequal sizes instead);
       group-coupled losses (grpo_fix, dfpo) need QB or sequential, whole groups per rank (prompts per mini-batch a
                multiple of the data-parallel size) and, since the trainer sets verl's ``force_group_size = G``,
                a micro-batch budget of G whole sequences: ``actor.ppo_max_token_len_per_gpu`` is raised to
@@ -450,17 +431,13 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
       RB       ``trainer.v1.sampler.custom_sampler.{path,name}`` (our sampler) and its ``sampler_kwargs``;
       LoRA     ``actor_rollout_ref.model.lora_rank/lora_alpha/target_modules`` (ARCA's reference pass);
       hidden-state credit (DelTA, ARCA) ``actor_rollout_ref.model.use_fused_kernels=false``.
-    Raises :class:`LocalEngineOnly` for a run verl cannot express (``trainer.batching=sign_partitioned``) and
-    ValueError for what the verl engine cannot run as configured (unsupported batchings, group-coupled losses
+    Raises ValueError for what the verl engine cannot run as configured (unsupported batchings, group-coupled losses
     without whole groups, credit inputs it does not provide, RB with dynamic sampling).
     """
     m, t = run_cfg["method"], run_cfg["trainer"]
     loss, adv = m["policy_loss"], m["advantage"]
     registry.get("policy_loss", loss)
     registry.get("advantage", adv)
-    why = local_engine_only(run_cfg)
-    if why is not None:
-        raise LocalEngineOnly(why)
     kw = _resolved_loss_kwargs(loss, dict(m.get("loss_kwargs") or {}))
     if kw.get("agg") not in AGG_MODES:
         raise ValueError(f"loss aggregation {kw.get('agg')!r}; valid choices: {list(AGG_MODES)}")

@@ -208,6 +208,36 @@ def sequential_order(group_ids: Tensor, n_minibatches: int, dp_size: int) -> tup
     return [i for part in per_rank for i in part], per_rank
 
 
+def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
+               generator: torch.Generator) -> tuple[list[int], list[list[int]], int]:
+    """Paper C's sign-partitioned control ("broken cancellation") laid out for verl's equal mini-batches.
+
+    The local engine (``algos.batching.sign_partitioned_minibatches``) gives each sign side its own mini-batches,
+    of unequal sizes. verl cuts every rank's chunk into equal contiguous mini-batches, so here [ours] the rollouts are
+    ordered side by side (A > 0 vs A <= 0, each side shuffled, which side comes first drawn per step) and cut into M
+    equal contiguous mini-batches, each split into R equal contiguous rank shards laid out rank-major as
+    :func:`sequential_order` does: every optimizer step holds a single sign except at most one, the step where the
+    two sides meet (counted, and logged by the trainer as ``creditlab/sign_mixed_minibatches``).
+    advantages: Tensor[B] sequence advantages. Returns (order, per-rank index lists, mixed mini-batches).
+    Raises ValueError when the batch does not cut into M equal mini-batches of R equal shards.
+    """
+    B = advantages.numel()
+    if n_minibatches < 1 or B % (n_minibatches * dp_size):
+        raise ValueError(f"sign-partitioned batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches "
+                         f"x {dp_size} ranks (verl would pad the batch with synthetic rollouts)")
+    pos = torch.nonzero(advantages > 0).flatten()
+    rest = torch.nonzero(advantages <= 0).flatten()
+    sides = [s[torch.randperm(s.numel(), generator=generator)] for s in (pos, rest)]
+    if torch.rand((), generator=generator).item() < 0.5:
+        sides.reverse()
+    seq = torch.cat(sides)
+    positive = advantages[seq] > 0
+    mbs = list(seq.chunk(n_minibatches))
+    mixed = sum(int(positive[m * len(mb):(m + 1) * len(mb)].unique().numel() > 1) for m, mb in enumerate(mbs))
+    per_rank = [[int(i) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
+    return [i for part in per_rank for i in part], per_rank, mixed
+
+
 def groups_aligned(group_ids: Tensor, dp_size: int, group_size: int) -> bool:
     """Whether every group is G = ``group_size`` consecutive rows of one rank's contiguous chunk (what verl's
     ``force_group_size = G`` micro-batching needs to keep each group in one micro-batch): each aligned block of
@@ -454,8 +484,9 @@ class CreditlabTrainer(PPOTrainerSync):
         self.has_filters = bool(filters)
         self.batching = t.get("batching", "random")
         self.qb, self.sequential = self.batching == "query_preserved", self.batching == "sequential"
+        self.sign_partitioned = self.batching == "sign_partitioned"
         actor = self.config.actor_rollout_ref.actor
-        if (self.qb or self.sequential) and actor.shuffle:
+        if (self.qb or self.sequential or self.sign_partitioned) and actor.shuffle:
             raise ValueError(f"trainer.batching={self.batching} needs actor_rollout_ref.actor.shuffle=false "
                              "(plugin_overrides)")
         self.group_size = int(self.config.actor_rollout_ref.rollout.n)
@@ -494,10 +525,20 @@ class CreditlabTrainer(PPOTrainerSync):
 
     def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen",
                        keep_minibatch: bool = False) -> KVBatchMeta:
-        """QB order (:func:`qb_order`), sequential order (:func:`sequential_order`) or verl's token balancing;
-        logs ``creditlab/groups_split_frac``; a group-coupled loss's order must pass :func:`groups_aligned`."""
+        """QB order (:func:`qb_order`), sequential order (:func:`sequential_order`), sign-partitioned order
+        (:func:`sign_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``; a group-coupled loss's
+        order must pass :func:`groups_aligned`."""
         dp = self._actor_dp_size()
-        if self.qb or self.sequential:
+        if self.sign_partitioned:
+            n, mini = len(batch), self._mini_batch_rollouts()
+            if n % mini:
+                raise ValueError(f"trainer.batching=sign_partitioned needs the rollout batch ({n}) to be a multiple "
+                                 f"of the mini-batch ({mini} rollouts)")
+            gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
+            order, _, mixed = sign_order(self._sequence_advantages(batch), n // mini, dp, gen)
+            batch.reorder(order)
+            metrics["creditlab/sign_mixed_minibatches"] = float(mixed)
+        elif self.qb or self.sequential:
             n, mini = len(batch), self._mini_batch_rollouts()
             required = self._get_required_batch_multiple(dp)
             if n % required or n % mini:
