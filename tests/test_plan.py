@@ -189,3 +189,23 @@ def test_papers_all_keeps_the_pipeline_order_first(tmp_path):
     plan = build_plan(_pipeline(a), validate=False)
     dapo = next(r for r in plan.runs.values() if r.run == "dapo" and r.backbone == "micro-s")
     assert dapo.experiment == "delta" and dapo.papers[0] == "delta"  # not cancellation, which also uses it
+
+
+def test_tables_choose_what_is_built_and_keep_every_run_planned():
+    """The pipeline's `tables`: only those tables are built by default and read by their paper's ledger, the figures
+    drawn from other tables are dropped, every run stays planned (any table can still be a target), and the claims of
+    a table left out are reported as not built, never tested. A name that is no table fails with the choices."""
+    from creditlab.tables.ledger import NOT_TESTABLE, evaluate_claim
+
+    whole = build_plan(PIPE, validate=False)
+    plan = build_plan(PIPE | {"tables": ["dlogp/ablation"]}, validate=False)
+    assert plan.tables == [("dlogp", "ablation")] and len(whole.tables) > 1
+    assert sorted(plan.runs) == sorted(whole.runs) and plan.buildable_tables == whole.tables
+    assert all(whole.papers["dlogp"].figures[f].table != "ablation" for f in whole.papers["dlogp"].figures_at("micro")
+               if f not in plan.papers["dlogp"].figures_at("micro"))
+    spec = plan.papers["dlogp"]
+    claim = next(c for c in spec.claims if c.table != "ablation")
+    result = evaluate_claim(spec, claim, "micro", [0], Path("/nonexistent"), 4, Path("/nonexistent"))
+    assert result.verdict == NOT_TESTABLE and "not built" in result.note
+    with pytest.raises(PlanError, match="no table of the chosen papers.*dlogp/main"):
+        build_plan(PIPE | {"tables": ["dlogp/nope"]}, validate=False)

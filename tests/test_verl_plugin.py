@@ -635,7 +635,7 @@ def _trainer_stub(verl_cfg, dp, **attrs):
     t.actor_rollout_wg = SimpleNamespace(_dispatch_info={"actor": list(range(dp))})
     t.use_critic, t.global_steps, t.seed, t.tokenizer = False, 1, 0, SimpleNamespace(eos_token_id=2)
     t.qb, t.sequential, t.group_coupled, t.batching = False, False, False, "token_balanced"
-    t.sign_partitioned = False
+    t.sign_partitioned, t.advantage_name = False, "grpo"
     t.__dict__.update(attrs)
     return t
 
@@ -732,6 +732,12 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
             assert metrics["creditlab/sign_mixed_minibatches"] == mixed[name]
     assert mixed["sign"] == 1 and mixed["verl"] == prompts // mini
     _clear_partition(tq)
+
+
+def test_zero_signal_frac_counts_groups_whose_advantages_all_vanish():
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
+    assert vtrainer.zero_signal_frac(adv, torch.tensor([0, 0, 1, 1, 2, 2])) == pytest.approx(2 / 3)
+    assert vtrainer.zero_signal_frac(adv, torch.tensor([0, 1, 1, 1, 1, 2])) == pytest.approx(2 / 3)
 
 
 def test_sign_order_is_sequential_cuts_of_the_sides():
@@ -1148,3 +1154,15 @@ def test_credit_pass_end_to_end_with_a_lora_adapter(cpu_engine):
     assert (pad(out[vworkers.OUT_RESIDUAL]) - (h_on - h_off).norm(dim=-1) * mask).abs().max() < 1e-5
     assert pad(out[vworkers.OUT_RESIDUAL]).max() > 0.01
     assert (pad(response_from_nested(out[vworkers.OUT_REF], data["response_mask"])) - ref).abs().max() < 1e-5
+
+
+def test_metrics_line_gives_tables_the_local_engines_names():
+    """A verl step's metrics.jsonl line: step 0-based, verl's names kept, creditlab's names beside them (the mapped
+    verl metrics and the plug-in's ``creditlab/<k>`` as ``<k>``, e.g. ARCA's ``weight_gini`` read by the
+    concentration table); non-numeric values dropped."""
+    line = vtrainer.metrics_line(2, {"critic/rewards/mean": 0.5, "creditlab/weight_gini": 0.25,
+                                     "creditlab/flip/all/boosted": 0.1, "training/note": "text"})
+    assert line["step"] == 1 and line["global_step"] == 2
+    assert line["reward_mean"] == line["critic/rewards/mean"] == 0.5
+    assert line["weight_gini"] == line["creditlab/weight_gini"] == 0.25 and line["flip/all/boosted"] == 0.1
+    assert "training/note" not in line

@@ -46,6 +46,8 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
     elif getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed,
         cfg["seeds"] = [a.seed]                  # not even in a paper's own seeds)
         cfg["ignore_paper_seeds"] = True
+    if getattr(a, "tables", None):
+        cfg["tables"] = a.tables.split(",")
     if getattr(a, "papers", None) == "all":
         # the pipeline config's order first: a run shared by papers is tracked under the first one's
         # experiment, so adding a paper config (appended to that list) never moves an existing run
@@ -416,15 +418,15 @@ def cmd_evaluate(a: argparse.Namespace) -> None:
     evaluate_run(run, run_config(run), Path(a.results), decode=decode, suites=suites, quiet=a.quiet)
 
 
-def _base_model(cfg: dict[str, Any], base_dir: Path) -> Path:
-    """The base model's directory: the warmed-up tiny model (base_dir), or a hub model's snapshot (the path its
-    `warmup` job recorded in base_dir/DONE)."""
-    if cfg["model"].get("kind") != "hub":
-        return base_dir
-    done = base_dir / "DONE"
-    if not done.is_file():
-        raise SystemExit(f"{done} is missing: the `warmup` job fetches {cfg['model']['hf_id']} first")
-    return Path(json.loads(done.read_text())["path"])
+def _sources(run, cfg: dict[str, Any], results: str | Path):
+    """The run's models, tokenizer, records and prompt rendering at its scale (creditlab.models.sources); a missing
+    base model (the `warmup` job has not run) stops the job with that message."""
+    from creditlab.models.sources import run_sources
+
+    try:
+        return run_sources(run, cfg, results)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from None
 
 
 def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites: list[str] | None = None,
@@ -439,7 +441,6 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
     logs the metrics to the run's MLflow run (a trained run's own; the base model gets one). Returns metrics.
     """
     from creditlab.data.io import read_records
-    from creditlab.eval.evaluate import stop_token_ids
     from creditlab.tracking.mlflow_tracker import Tracker
     from creditlab.tracking.provenance import git_commit
 
@@ -456,7 +457,8 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
     data_dir = paths.fmt(paths.DATA_DIR, **fill)
     out = paths.fmt(paths.EVAL_DIR if decode is None else paths.DECODE_EVAL_DIR, **fill)
     run_dir = paths.fmt(paths.RUN_DIR, **fill)
-    base_model = _base_model(cfg, paths.fmt(paths.BASE_DIR, **fill))
+    src = _sources(run, cfg, results)
+    base_model = src.base
     files = (sorted((data_dir / "suites").glob("*.parquet")) if suites is None
              else [data_dir / "suites" / f"{name}.parquet" for name in suites])  # fmt: skip
     missing = [str(f) for f in files if not f.is_file()]
@@ -474,11 +476,8 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
                                 local_dir=out, parent=_parent(run))
     settings = decode.settings(run.scale) if decode else None
     with tracker, ExitStack() as stack:  # tracker: ends the MLflow run it opened FAILED if anything below raises
-        from transformers import AutoTokenizer
-
-        tok = (AutoTokenizer.from_pretrained(str(cfg["model"].get("tokenizer") or base_model)) if hub
-               else _load_tokenizer(data_dir))  # fmt: skip
-        eos_id = stop_token_ids(tok, base_model) if hub else None
+        tok = src.load_tokenizer()  # tiny: the data's tokenizer; hub: model.tokenizer or the snapshot's own
+        eos_id = src.stop_ids(tok) if hub else None  # hub: EOS + generation_config stops (verl's rollout)
         generate_fn, prefix = None, "eval" if decode is None else f"decode/{decode.name}/eval"
         if backend == "vllm":  # vLLM in its own environment (.venv-vllm), one worker process for the evaluation
             from creditlab.engines.vllm.client import eval_generate_fn, hub_engine_settings
@@ -558,7 +557,7 @@ def cmd_ledger(a: argparse.Namespace) -> None:
     k = _eval_k(plan, a.paper)
     tables = {name: pd.read_csv(paths.fmt(paths.TABLE_CSV, results=a.results, scale=plan.scale, paper=a.paper,
                                           table=name), keep_default_na=False, na_values=[""])
-              for name in spec.tables_at(plan.scale)}
+              for name in spec.built_at(plan.scale)}
     root = Path(a.results) / plan.scale
     df, results = build_ledger(spec, plan.scale, plan.paper_seeds(a.paper), tables, root / "evals", k,
                                root / "runs", tracking_uri(Path(a.results)))
@@ -570,35 +569,53 @@ def cmd_ledger(a: argparse.Namespace) -> None:
 
 
 def cmd_diagnose(a: argparse.Namespace) -> None:
-    """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON)."""
+    """Token diagnostics of a trained run vs its base model: Δlog p / entropy / KL histograms (PNG + JSON).
+
+    One response per prompt of the suites (``--suites``; default: tiny/micro easy,medium,hard, paper/smoke the suites
+    the run's evaluation covers) is sampled from each model (eval.max_new_tokens, temperature, top_p) and scored by
+    both. The models, tokenizer, prompt rendering and stop tokens are the run's at its scale
+    (creditlab.models.sources): at paper / smoke the base model's hub snapshot and the run's merged final/, the chat
+    template as verl renders prompts, on the GPU(s) when there are any (one model per GPU when there are two)."""
+    import torch
+
     from creditlab.data.io import read_records
-    from creditlab.data.schema import render_record_prompt
     from creditlab.decoding.diagnostics import collect_token_stats, summarize
     from creditlab.tables.figures import plot_token_histograms
 
     plan = build_plan(_pipeline(a), validate=False)
     run = plan.get(a.backbone, a.run, a.seed)
-    if plan.scale == "paper":
-        raise SystemExit(f"diagnose at scale 'paper' ({run.key}: base vs RL token statistics of hub-size models) is "
-                         f"not in this checkout yet; see README 'Paper scale'")
+    if not run.trains:
+        raise SystemExit(f"diagnose compares a trained run with its base model, not {run.key!r}")
     cfg = run_config(run)
     _setup(cfg)
     fill = dict(results=a.results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
-    data_dir = paths.fmt(paths.DATA_DIR, **fill)
-    tok = _load_tokenizer(data_dir)
-    base = _load_model(paths.fmt(paths.BASE_DIR, **fill)).eval()
-    rl = _load_model(paths.fmt(paths.RUN_DIR, **fill) / "final").eval()
-    records = [r for s in a.suites.split(",") for r in read_records(data_dir / "suites" / f"{s}.parquet")]
-    prompts = [tok(render_record_prompt(r, cfg["data"].get("template", "tiny")))["input_ids"] for r in records]
+    src = _sources(run, cfg, a.results)
+    suites = (a.suites.split(",") if a.suites else plan.eval_suites(run) if src.hub else ["easy", "medium", "hard"])
+    if not suites:
+        raise SystemExit(f"{run.key}: no table evaluates this run at scale {run.scale!r}: name the suites (--suites)")
+    missing = [str(src.suite(s)) for s in suites if not src.suite(s).is_file()]
+    if missing:
+        raise SystemExit(f"{run.key}: no suite file(s) {missing}: run the `prepare` job")
+    tok = src.load_tokenizer()
+    if src.hub and torch.cuda.is_available():  # the checkpoints' dtype (bf16) on the GPU(s)
+        gpus = torch.cuda.device_count()
+        models = [src.load_model(m, dtype="auto", device=f"cuda:{k % gpus}") for k, m in enumerate(("base", "trained"))]
+    else:  # as saved, on the CPU (a tiny model's float32; the stand-ins' float32 / bf16 read as float32)
+        models = [src.load_model(m, dtype=torch.float32 if src.hub else None) for m in ("base", "trained")]
+    base, rl = (m.eval() for m in models)
+    records = [r for s in suites for r in read_records(src.suite(s))]
+    prompts = src.encode(tok, records)
     e = cfg["eval"]
-    values = {src: collect_token_stats(base, rl, prompts, source=src, max_new_tokens=e["max_new_tokens"],
-                                       eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                                       temperature=e["temperature"], top_p=e["top_p"], seed=run.seed)
-              for src in ("base", "rl")}
+    values = {s: collect_token_stats(base, rl, prompts, source=s, max_new_tokens=e["max_new_tokens"],
+                                     eos_id=src.stop_ids(tok), pad_id=tok.pad_token_id if tok.pad_token_id is not None
+                                     else tok.eos_token_id, temperature=e["temperature"], top_p=e["top_p"],
+                                     seed=run.seed)
+              for s in ("base", "rl")}
     png = paths.fmt(paths.DIAG_PNG, **fill)
-    plot_token_histograms(values, png, f"{run.key}: base vs RL outputs (suites {a.suites})")
-    _write_json({"run_key": run.key, "suites": a.suites.split(","), "stats": summarize(values)},
-                png.with_suffix(".json"))
+    plot_token_histograms(values, png, f"{run.key}: base vs RL outputs (suites {','.join(suites)})")
+    _write_json({"run_key": run.key, "suites": suites, "stats": summarize(values),
+                 "base": str(src.base), "rl": str(src.trained), "n_prompts": len(prompts),
+                 "prompts": "chat template" if src.hub else "plain"}, png.with_suffix(".json"))
 
 
 def cmd_analyze(a: argparse.Namespace) -> None:
@@ -606,14 +623,14 @@ def cmd_analyze(a: argparse.Namespace) -> None:
     from creditlab.analysis.runner import run_analysis
 
     plan = build_plan(_pipeline(a), validate=False)
-    if plan.scale == "paper":
-        raise SystemExit(f"analyze at scale 'paper' ({a.paper}/{a.name}) builds the local engine's trainer on the "
-                         f"run's backbone, which this checkout does not do for hub models yet (README 'Paper scale')")
     if a.paper not in plan.papers or a.name not in plan.papers[a.paper].analyses:
         choices = sorted(plan.papers[a.paper].analyses) if a.paper in plan.papers else sorted(plan.papers)
         raise SystemExit(f"unknown paper/analysis {a.paper}/{a.name}; choices: {choices}")
     _setup()
-    run_analysis(a.results, plan, a.paper, a.name, progress=not a.quiet)
+    try:
+        run_analysis(a.results, plan, a.paper, a.name, progress=not a.quiet)
+    except FileNotFoundError as err:  # a missing base snapshot, training set or checkpoint: say which
+        raise SystemExit(f"analyze {a.paper}/{a.name}: {err}") from None
 
 
 def cmd_figure(a: argparse.Namespace) -> None:
@@ -706,6 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--papers", default=None,
                    help="comma-separated papers, or `all` (every configs/papers/*.yaml; what Snakemake jobs use, so "
                         "that choosing papers re-runs nothing); default: the pipeline config's")
+    p.add_argument("--tables", default=None,
+                   help="comma-separated paper/table names: only those are built (a ledger tests their claims only); "
+                        "default: the pipeline config's `tables` (null: all)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = p.add_subparsers(dest="verb", required=True)
 
@@ -740,7 +760,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("diagnose", help=cmd_diagnose.__doc__)
     run_args(sp)
-    sp.add_argument("--suites", default="easy,medium,hard", help="comma-separated suites whose prompts are used")
+    sp.add_argument("--suites", default=None, help="comma-separated suites whose prompts are used (default: "
+                                                   "easy,medium,hard; paper/smoke: the suites of the run's evaluation)")
     sp.set_defaults(fn=cmd_diagnose)
     sp = sub.add_parser("figure", help=cmd_figure.__doc__)
     sp.add_argument("--paper", required=True)

@@ -88,13 +88,20 @@ class Plan:
 
     @property
     def tables(self) -> list[tuple[str, str]]:
-        """(paper, table) of every table buildable at this scale (see `skipped_tables`)."""
+        """(paper, table) of every table built at this scale: buildable there (see `skipped_tables`) and chosen by the
+        pipeline's `tables` (`PaperSpec.built_at`)."""
+        return [(p, t) for p, spec in self.papers.items() for t in spec.built_at(self.scale)]
+
+    @property
+    def buildable_tables(self) -> list[tuple[str, str]]:
+        """(paper, table) of every table buildable at this scale, chosen by the pipeline's `tables` or not (their runs
+        are planned and their evaluations cover their suites, so any of them can be built as a target)."""
         return [(p, t) for p, spec in self.papers.items() for t in spec.tables_at(self.scale)]
 
     @property
     def skipped_tables(self) -> list[tuple[str, str]]:
         """Tables with no column at this scale: none of their benchmarks has a stand-in here."""
-        return [(p, t) for p, spec in self.papers.items() for t in spec.tables if (p, t) not in self.tables]
+        return [(p, t) for p, spec in self.papers.items() for t in spec.tables if t not in spec.tables_at(self.scale)]
 
     @property
     def figures(self) -> list[tuple[str, str]]:
@@ -151,7 +158,7 @@ class Plan:
         """The suites of every table that reads the evaluation of ``run`` (decoded with ``decode``, None: plain),
         in table order: what that evaluation must cover at this scale (paper scale evaluates only these)."""
         return list(dict.fromkeys(
-            suite for paper, table in self.tables
+            suite for paper, table in self.buildable_tables
             if any(r.key == run.key and d == decode for r, d in self.table_evals(paper, table))
             for suite in self.table_suites(paper, table)))  # fmt: skip
 
@@ -183,6 +190,8 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
+    if pipeline.get("tables"):
+        papers = select_tables(papers, pipeline["tables"])
     if pipeline.get("ignore_paper_seeds"):
         papers = {p: replace(spec, seeds={}) for p, spec in papers.items()}
     runs: dict[str, Run] = {}
@@ -230,6 +239,20 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     if validate:
         check_table_suites(plan, validate_runs(plan.runs.values(), config_dir))
     return plan
+
+
+def select_tables(papers: dict[str, PaperSpec], tables: Iterable[str]) -> dict[str, PaperSpec]:
+    """The papers with only the tables ``tables`` (``paper/table``, the pipeline config's ``tables``) built
+    (`PaperSpec.built`; a paper with none of them builds no table). PlanError for a name that is no table of a
+    chosen paper."""
+    chosen: dict[str, set[str]] = {p: set() for p in papers}
+    for name in tables:
+        paper, _, table = str(name).partition("/")
+        if paper not in papers or table not in papers[paper].tables:
+            choices = sorted(f"{p}/{t}" for p, spec in papers.items() for t in spec.tables)
+            raise PlanError(f"tables: {name!r} is no table of the chosen papers; choices: {choices}")
+        chosen[paper].add(table)
+    return {p: replace(spec, built=frozenset(chosen[p])) for p, spec in papers.items()}
 
 
 COMBINABLE_LOSS = "dapo"
@@ -324,8 +347,9 @@ def check_verl_run(cfg: dict[str, Any], key: str) -> None:
 def check_table_suites(plan: Plan, run_suites: dict[str, list[str] | None]) -> None:
     """Every suite a table reads (its benchmarks' stand-ins at this scale) is one its runs' data config prepares
     (``data.suites``; runs whose data config has none are not checked here): PlanError naming the paper, the
-    table, the suite and the valid choices, before any job starts."""
-    for paper, table in plan.tables:
+    table, the suite and the valid choices, before any job starts (every table buildable at the scale, chosen by
+    `tables` or not: each can be built as a target)."""
+    for paper, table in plan.buildable_tables:
         wanted = plan.table_suites(paper, table)
         for run, _ in plan.table_evals(paper, table):
             have = run_suites.get(run.key)

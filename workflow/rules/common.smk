@@ -131,6 +131,11 @@ def ledger_inputs(wildcards):
     return out
 
 
+def ledger_tables(wildcards):
+    """The paper's tables this pipeline builds, comma-joined (`tables`; a ledger tests those tables' claims only)."""
+    return ",".join(f"{wildcards.paper}/{t}" for p, t in PLAN.tables if p == wildcards.paper)
+
+
 def ledger_params(wildcards):
     """What defines a ledger's claims (a re-run trigger): the paper's claims."""
     return [repr(c) for c in PLAN.papers[wildcards.paper].claims]

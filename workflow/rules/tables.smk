@@ -60,10 +60,11 @@ rule ledger:
         cli=CLI,
         seeds=paper_seeds,
         claims=ledger_params,
+        tables=ledger_tables,
     conda:
         ENV
     shell:
-        "{params.cli} --seeds {params.seeds} ledger --paper {wildcards.paper} > {log} 2>&1"
+        "{params.cli} --seeds {params.seeds} --tables {params.tables} ledger --paper {wildcards.paper} > {log} 2>&1"
 
 
 rule figure:

@@ -74,7 +74,7 @@ def sample_continuations(
     seeds: Sequence[int],
     *,
     n: int,
-    eos_id: int,
+    eos_id: int | list[int],
     pad_id: int,
     temperature: float,
     top_p: float,
@@ -141,6 +141,7 @@ def token_values_mc(
     eps: float = 0.05,
     chunk: int = 512,
     progress: bool = False,
+    eos_id: int | list[int] | None = None,
 ) -> dict[str, Tensor]:
     """Monte Carlo counterfactual token value of M tokens [paper, App. E.2, Eq. 20].
 
@@ -155,7 +156,8 @@ def token_values_mc(
     response (response prefix + continuation) is decoded like the trainer does
     (``tok.batch_decode(..., skip_special_tokens=True)``) and scored by ``scorer.score(texts, golds)``
     (identical (text, gold) pairs scored once). All continuations of all items go through one batched
-    decode (``chunk`` rows at a time); item k's branch b uses the seed ``item_seed(seed, i, t, b)``.
+    decode (``chunk`` rows at a time); item k's branch b uses the seed ``item_seed(seed, i, t, b)``. ``eos_id``: the
+    stop token(s) (None: the tokenizer's EOS; a hub model's stop tokens, as its rollouts stopped).
 
         r_with  = mean_j R(s + y + c_j)          [paper]
         r_state = mean_j R(s + c'_j)             [paper]
@@ -168,7 +170,8 @@ def token_values_mc(
     token_probs = torch.as_tensor(token_probs, dtype=torch.float32).flatten().cpu()
     if token_probs.numel() != len(items):
         raise ValueError(f"token_probs has {token_probs.numel()} entries for {len(items)} items")
-    eos = tok.eos_token_id
+    eos = tok.eos_token_id if eos_id is None else eos_id
+    stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     prefixes, resp_prefixes, budgets, seeds, gold_of = [], [], [], [], []
     for i, t in items:
         resp = list(responses[i])
@@ -176,7 +179,7 @@ def token_values_mc(
             raise IndexError(f"item ({i}, {t}): position outside a response of length {len(resp)}")
         for branch, cut in ((BRANCH_WITH, t + 1), (BRANCH_STATE, t)):
             head = resp[:cut]
-            budget = 0 if head and head[-1] == eos else max_new_tokens - cut
+            budget = 0 if head and head[-1] in stops else max_new_tokens - cut
             prefixes.append(list(prompts[i]) + head)
             resp_prefixes.append(head)
             budgets.append(budget)
@@ -322,7 +325,8 @@ def value_probe(trainer, step: int, *, eps: float, per_class: int, max_p: float,
     trainer.model.eval()
     vals = token_values_mc(trainer.model, trainer.tok, trainer.scorer, ro.prompts, ro.responses, ro.golds, items,
                            probs[rows, cols] if items else torch.zeros(0), n=n, max_new_tokens=t["max_new_tokens"],
-                           temperature=t["temperature"], top_p=t["top_p"], seed=seed, progress=trainer.progress)
+                           temperature=t["temperature"], top_p=t["top_p"], seed=seed, progress=trainer.progress,
+                           eos_id=trainer.stop_ids)
     trainer.model.train()
     v, d, ent = vals["value"], delta[rows, cols], res["entropy"][rows, cols]
     side = torch.tensor([lab.endswith("_pos") for lab in labels], dtype=torch.bool)

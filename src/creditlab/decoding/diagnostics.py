@@ -35,19 +35,23 @@ def token_stats(logp_rl: Tensor, logp_base: Tensor, tokens: Tensor) -> dict[str,
 
 
 @torch.no_grad()
-def collect_token_stats(base, rl, prompt_ids: list[list[int]], *, source: str, max_new_tokens: int, eos_id: int,
-                        pad_id: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                        chunk: int = 256) -> dict[str, np.ndarray]:
-    """Sample one response per prompt from ``source`` ("base" or "rl"), score every token with both models."""
+def collect_token_stats(base, rl, prompt_ids: list[list[int]], *, source: str, max_new_tokens: int,
+                        eos_id: int | list[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+                        seed: int = 0, chunk: int = 256) -> dict[str, np.ndarray]:
+    """Sample one response per prompt from ``source`` ("base" or "rl"), score every token with both models.
+
+    eos_id: the stop token(s) (a hub checkpoint's list). The models may live on different devices (a GPU each): the
+    statistics are computed on the RL model's."""
     sampler_model = base if source == "base" else rl
     gen = generate(sampler_model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                    temperature=temperature, top_p=top_p, seed=seed)
     out: dict[str, list[np.ndarray]] = {k: [] for k in STATS}
     for i in range(0, len(prompt_ids), chunk):
         batch = pack(prompt_ids[i : i + chunk], gen.response_ids[i : i + chunk], pad_id)
-        lp_b, lp_r = response_logprobs(base, batch), response_logprobs(rl, batch)
-        valid = batch.response_mask.bool()
-        stats = token_stats(lp_r[valid], lp_b[valid], batch.responses[valid])
+        lp_r = response_logprobs(rl, batch)
+        lp_b = response_logprobs(base, batch).to(lp_r.device)
+        valid = batch.response_mask.bool().to(lp_r.device)
+        stats = token_stats(lp_r[valid], lp_b[valid], batch.responses.to(lp_r.device)[valid])
         for k, v in stats.items():
             out[k].append(v.cpu().numpy())
     return {k: np.concatenate(v) for k, v in out.items()}

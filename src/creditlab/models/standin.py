@@ -8,8 +8,8 @@ the paper-scale code paths execute; its numbers mean nothing (a random model ans
 Architecture classes by the backbone's ``arch.family`` (``config.json`` ``model_type`` of the real checkpoint):
 ``qwen3`` -> Qwen3ForCausalLM, ``qwen2`` (Qwen2.5) -> Qwen2ForCausalLM, ``olmo3`` -> Olmo3ForCausalLM,
 ``qwen3_next`` (the MoE backbone of Paper E) -> Qwen3NextForCausalLM with a few experts (:data:`SHAPES`).
-The tokenizer is character-level (the project's own, over the texts the run will see) with the backbone's special
-tokens; the chat template is the backbone's format: ChatML (``<|im_start|>role ... <|im_end|>``) for the Qwen
+The tokenizer is byte-level without merges (one token per UTF-8 byte, :func:`standin_tokenizer`) with the backbone's
+special tokens; the chat template is the backbone's format: ChatML (``<|im_start|>role ... <|im_end|>``) for the Qwen
 families and Olmo 3 [ours: Olmo 3's own template is ChatML as well; the tokens are what matters here].
 """
 
@@ -56,23 +56,53 @@ def _classes(family: str):
     return getattr(tf, names[family][0]), getattr(tf, names[family][1])
 
 
-def standin_tokenizer(texts: Iterable[str]):
-    """The character-level tokenizer over ``texts`` with the chat special tokens and :data:`CHATML`."""
-    from creditlab.data.tokenizer import build_tokenizer
+def standin_tokenizer():
+    """A byte-level tokenizer without merges (every UTF-8 byte one token, spelt as GPT-2 / Qwen / Olmo byte-level BPE
+    spell bytes: " " is "Ġ", "\\n" is "Ċ"), the ``<pad> <bos> <eos> <unk>`` specials, the chat special tokens and
+    :data:`CHATML`; no BOS is prepended (as Qwen's). Byte-level because transformers loads a ``qwen2`` checkpoint's
+    tokenizer as its own ``Qwen2Tokenizer`` whatever tokenizer_config says, which rebuilds a byte-level BPE from the
+    vocabulary: a character-level vocabulary then loses spaces and newlines (verl's Qwen chat handling refused it)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    tok = build_tokenizer(list(texts) + ["user\nassistant\n"])
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
+    from creditlab.data.tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
+
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in [*SPECIAL_TOKENS, *SPECIAL]])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                  unk_token=UNK, padding_side="left", clean_up_tokenization_spaces=False,
+                                  additional_special_tokens=SPECIAL)
     tok.chat_template = CHATML
     return tok
+
+
+def check_reload(tok, out: Path, texts: Iterable[str]) -> None:
+    """The snapshot's tokenizer as ``AutoTokenizer`` loads it (the class transformers picks for its model_type) encodes
+    and decodes ``texts`` and a chat turn exactly as ``tok`` does; ValueError naming the first text that differs."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(str(out))
+    chat = tok.apply_chat_template([{"role": "user", "content": "1 + 1?\n"}], tokenize=False, add_generation_prompt=True)
+    for text in [chat, *list(texts)[:200]]:
+        ids = tok.encode(text, add_special_tokens=False)
+        if loaded.encode(text, add_special_tokens=False) != ids or loaded.decode(ids) != text:
+            raise ValueError(f"{out}: the stand-in's tokenizer loads as {type(loaded).__name__}, which encodes "
+                             f"{text[:60]!r} differently from the tokenizer written")
 
 
 def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int = 0) -> Path:
     """Write a random-init stand-in of an ``arch.family`` backbone as a hub snapshot directory ``out``.
 
-    texts: what the run will tokenize (prompts and answers), for the tokenizer's vocabulary. Returns ``out``.
+    texts: what the run will tokenize (prompts and answers): the reloaded tokenizer must encode them as the one written
+    (:func:`check_reload`). Returns ``out``.
     """
     config_cls, model_cls = _classes(family)
-    tok = standin_tokenizer(texts)
+    texts = list(texts)
+    tok = standin_tokenizer()
     stop = tok.convert_tokens_to_ids(STOP)
     extra = dict(SHAPES[family])
     if family == "olmo3":
@@ -92,4 +122,5 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
     tok.save_pretrained(out)
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": tok.bos_token_id, "eos_token_id": [tok.eos_token_id, stop], "pad_token_id": tok.pad_token_id}))
+    check_reload(tok, out, texts)
     return out

@@ -245,6 +245,9 @@ def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[i
     """Test one claim at `scale` over `seeds` (see the module doc for the tests and verdicts)."""
     table = paper.table(claim.table)
     column = table.column(claim.column)
+    if paper.built is not None and claim.table not in paper.built:
+        return ClaimResult(claim, "—", NOT_TESTABLE,
+                           note=f"table {claim.table!r} is not built by this pipeline (config `tables`)")
     shown = [c.name for c in paper.columns_at(claim.table, scale)] if claim.table in paper.tables_at(scale) else []
     sign = 1.0 if claim.direction == "higher" else -1.0
     if claim.column not in shown:

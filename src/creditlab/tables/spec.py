@@ -375,6 +375,10 @@ class PaperSpec:
     """Per scale, Hydra overrides of every run of the paper (key ``"*"``) and of the runs on one paper backbone
     (key = that backbone): the paper's own hyperparameters at that scale (``scale_overrides: {paper: {"*": [...]}}``),
     applied before each run's own overrides. See `run_overrides`."""
+    built: frozenset[str] | None = None
+    """The tables this pipeline builds (the pipeline config's ``tables``: ``[paper/table, ...]``); None = all of them.
+    A table left out is no default target and not in the paper's ledger (`built_at`), nor are the figures drawn from it;
+    its claims are reported as not built, never tested."""
 
     def run_overrides(self, run: str, paper_backbone: str, scale: str, combination: tuple[str, ...] = ()
                       ) -> tuple[str, ...]:
@@ -454,11 +458,18 @@ class PaperSpec:
         """The tables with at least one column at `scale` (the others cannot be built there)."""
         return [t for t in self.tables if self.columns_at(t, scale)]
 
+    def built_at(self, scale: str) -> list[str]:
+        """The tables the pipeline builds at `scale`: those of `tables_at` it chose (`built`; all when None). The runs
+        of every table stay planned, so a table left out can still be built as a target."""
+        return [t for t in self.tables_at(scale) if self.built is None or t in self.built]
+
     def figures_at(self, scale: str) -> list[str]:
         """The figures that can be drawn at `scale`: table-based ones need their table and columns."""
         out = []
         for name, fig in self.figures.items():
             if fig.table is not None:
+                if fig.table not in self.built_at(scale):
+                    continue
                 shown = {c.name for c in self.columns_at(fig.table, scale)}
                 if not shown or any(c is not None and c not in shown for c in (fig.x, fig.y)):
                     continue

@@ -364,7 +364,7 @@ def _decode_batch(
     prompts: Sequence[Sequence[int]],
     uniforms: Tensor | None,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
 ) -> tuple[list[list[int]], list[bool], Tensor]:
     """Decode one batch of prompts with all ``states`` stepped together.
@@ -384,6 +384,8 @@ def _decode_batch(
     rows = torch.arange(n, device=device)  # batch position -> prompt index in this batch
     alive = torch.ones(n, dtype=torch.bool, device=device)
     uniforms = uniforms.to(device) if uniforms is not None else None
+    several = isinstance(eos_id, (list, tuple))
+    stops = torch.as_tensor(list(eos_id), dtype=torch.long, device=device) if several else None
     logits = [s.prefill(ids, mask, max_new_tokens) for s in states]
     for t in range(max_new_tokens):
         u = uniforms[rows, t] if uniforms is not None else None
@@ -393,7 +395,7 @@ def _decode_batch(
             counts[rows] += flags & alive[:, None]
         out[rows, t] = tok
         n_gen[rows] += alive
-        done = tok == eos_id
+        done = tok == eos_id if stops is None else torch.isin(tok, stops)
         hit_eos[rows] |= done
         alive &= ~done
         n_alive = int(alive.sum())
@@ -428,7 +430,7 @@ def decode_with_chooser(
     prompt_ids: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     seed: int = 0,
     batch_size: int | None = None,
@@ -488,7 +490,7 @@ def generate_with(
     prompt_ids: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     params: SamplingParams = SamplingParams(),
     seed: int = 0,
@@ -519,7 +521,7 @@ def generate(
     prompt_ids: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
     pad_id: int,
     greedy: bool = False,
     temperature: float = 1.0,
@@ -532,8 +534,8 @@ def generate(
     """Sample (or greedily decode) up to ``max_new_tokens`` tokens after each prompt with ``model``.
 
     prompt_ids: token lists of any lengths (left-padded internally with ``pad_id``). Decoding of a row
-    stops after it emits ``eos_id`` (included in its response). Greedy decoding matches
-    ``model.generate(do_sample=False)``; sampling applies temperature, top-k, then top-p (HF
+    stops after it emits ``eos_id`` (included in its response; a list: any of them, a hub checkpoint's stop tokens).
+    Greedy decoding matches ``model.generate(do_sample=False)``; sampling applies temperature, top-k, then top-p (HF
     semantics) and is reproducible: same inputs and ``seed`` -> same outputs (see module docstring).
     The model's train/eval mode is left as is; runs on the model's device.
     """

@@ -111,7 +111,12 @@ class Trainer:
     """
 
     def __init__(self, cfg: dict[str, Any], model, tokenizer, train_records: list[dict], scorer, ckpt_dir: Path,
-                 log_fn: LogFn | None = None, progress: bool = True):
+                 log_fn: LogFn | None = None, progress: bool = True, prompt_ids: list[list[int]] | None = None,
+                 stop_ids: int | list[int] | None = None):
+        """prompt_ids: the token ids of ``train_records``' prompts (None: rendered with the data template, the
+        tokenizer adding BOS, as the tiny models are trained); stop_ids: where a rollout ends (None: the tokenizer's
+        EOS). The post-hoc analyses of hub-model runs pass both (creditlab.models.sources: chat-template prompts and
+        the checkpoint's stop tokens, as verl rolled out)."""
         self.cfg, self.tcfg, self.mcfg = cfg, cfg["trainer"], cfg["method"]
         self.device = _device(cfg.get("device", "auto"))
         self.lcfg = self.tcfg.get("lora") or {"enable": False}
@@ -127,7 +132,11 @@ class Trainer:
         self.log_fn = log_fn or (lambda m, s: None)
         self.progress = progress
         template = cfg["data"].get("template", "tiny")
-        self.prompt_ids = [tokenizer(render_record_prompt(r, template))["input_ids"] for r in train_records]
+        self.prompt_ids = (prompt_ids if prompt_ids is not None else
+                           [tokenizer(render_record_prompt(r, template))["input_ids"] for r in train_records])
+        if len(self.prompt_ids) != len(train_records):
+            raise ValueError(f"{len(self.prompt_ids)} prompts for {len(train_records)} records")
+        self.stop_ids = tokenizer.eos_token_id if stop_ids is None else stop_ids
         t = self.tcfg
         self.params = lora.trainable_parameters(self.model)  # all of them without LoRA; the adapter's with it
         self.opt = torch.optim.AdamW(self.params, lr=t["lr"], betas=tuple(t["betas"]),
@@ -220,7 +229,7 @@ class Trainer:
         self.model.eval()
         merge = self.peft is not None and self.lcfg.get("merge_for_sampling", False)
         with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
-            gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.tok.eos_token_id,
+            gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.stop_ids,
                            pad_id=self.tok.pad_token_id, temperature=t["temperature"], top_p=t["top_p"],
                            seed=step_seed(self.cfg["seed"], step, gen_idx))
         self.model.train()

@@ -109,6 +109,11 @@ def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
         o[f"{arr}.{role}.use_torch_compile"] = False
         o[f"{arr}.{role}.fsdp_config.use_torch_compile"] = False  # what the FSDP engine reads (torch.compile of the
         #   entropy at transformer_impl.py:183-187): on a CPU a ~10 s compile in the first old-log-prob pass
+        o[f"+{arr}.{role}.fsdp_config.mixed_precision"] = {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                           "buffer_dtype": "fp32"}
+        #   verl computes in bf16 whatever fsdp_config.dtype says (mixed_precision None -> param_dtype bf16,
+        #   transformer_impl.py:391-399): on a CPU bf16 is slow, and it would put bf16 rounding (~0.03 on hidden
+        #   states of size 10) between the actor and the float32 CPU rollout, and into ARCA's residual
     if (run_cfg["trainer"].get("lora") or {}).get("enable"):  # the CPU rollout loads full tensors: merged adapters
         o[f"{arr}.model.lora.merge"] = True
     o[f"{arr}.actor.fsdp_config.param_offload"] = False

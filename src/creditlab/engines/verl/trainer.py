@@ -95,6 +95,8 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
+PLUGIN_PREFIX = "creditlab/"
+"""Prefix of the metrics the plug-in logs into verl's (MLflow) metrics."""
 METRIC_NAMES = {"reward_mean": "critic/rewards/mean", "score_mean": "critic/score/mean",
                 "response_len_mean": "response_length/mean", "entropy_mean": "actor/entropy",
                 "clipfrac": "actor/pg_clipfrac", "t_step": "timing_s/step"}
@@ -103,8 +105,9 @@ METRIC_NAMES = {"reward_mean": "critic/rewards/mean", "score_mean": "critic/scor
 
 def metrics_line(global_step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     """One metrics.jsonl object of verl's step ``global_step`` (1-based): ``step`` 0-based as the local engine writes
-    it (the tables count steps from it), creditlab's names (:data:`METRIC_NAMES`) and every numeric verl metric
-    under its own name."""
+    it (the tables count steps from it), creditlab's names (:data:`METRIC_NAMES`; the plug-in's own ``creditlab/<k>``
+    metrics also as ``<k>``, the name the local engine logs and tables read, e.g. ``weight_gini``) and every numeric
+    verl metric under its own name."""
     out: dict[str, Any] = {"step": int(global_step) - 1, "global_step": int(global_step)}
     for k, v in metrics.items():
         try:
@@ -112,6 +115,8 @@ def metrics_line(global_step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             continue
     out |= {ours: out[theirs] for ours, theirs in METRIC_NAMES.items() if theirs in out}
+    out |= {k[len(PLUGIN_PREFIX):]: v for k, v in list(out.items())
+            if k.startswith(PLUGIN_PREFIX) and k[len(PLUGIN_PREFIX):] not in out}
     return out
 
 
@@ -236,6 +241,14 @@ def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
     mixed = sum(int(positive[m * len(mb):(m + 1) * len(mb)].unique().numel() > 1) for m, mb in enumerate(mbs))
     per_rank = [[int(i) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
     return [i for part in per_rank for i in part], per_rank, mixed
+
+
+def zero_signal_frac(advantages: Tensor, group_ids: Tensor) -> float:
+    """Share of the batch's groups whose rollouts all have A_i = 0 (their rewards tie: no learning signal; DAPO's
+    dynamic sampling drops such groups by its filter metric). advantages, group_ids: Tensor[B]."""
+    groups = group_ids.unique()
+    silent = [bool((advantages[group_ids == g] == 0).all()) for g in groups.tolist()]
+    return sum(silent) / max(1, len(silent))
 
 
 def groups_aligned(group_ids: Tensor, dp_size: int, group_size: int) -> bool:
@@ -529,13 +542,15 @@ class CreditlabTrainer(PPOTrainerSync):
         (:func:`sign_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``; a group-coupled loss's
         order must pass :func:`groups_aligned`."""
         dp = self._actor_dp_size()
+        adv = self._sequence_advantages(batch)  # A_i in batch order (before any reordering)
+        metrics["creditlab/zero_adv_groups_frac"] = zero_signal_frac(adv, group_index([uid_of(k) for k in batch.keys]))
         if self.sign_partitioned:
             n, mini = len(batch), self._mini_batch_rollouts()
             if n % mini:
                 raise ValueError(f"trainer.batching=sign_partitioned needs the rollout batch ({n}) to be a multiple "
                                  f"of the mini-batch ({mini} rollouts)")
             gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
-            order, _, mixed = sign_order(self._sequence_advantages(batch), n // mini, dp, gen)
+            order, _, mixed = sign_order(adv, n // mini, dp, gen)
             batch.reorder(order)
             metrics["creditlab/sign_mixed_minibatches"] = float(mixed)
         elif self.qb or self.sequential:

@@ -313,11 +313,15 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
                         ref_logp=resp(ref["log_probs"]) if ref is not None else None, base_hidden=base_hidden,
                         reduce=reduce, rank=rank, **top)
     if plain is not None:  # the same credit from the sp=1 forward of this batch: how far Ulysses moved it
+        plain_top = {}
+        if lm_head is not None:  # the top-K proxy from the sp=1 hidden states too
+            p_logp, p_ids = topk_logprobs(resp(plain), lm_head, k)
+            plain_top = {"topk_logp": p_logp, "topk_ids": p_ids, "lm_head": lm_head}
         ref_res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
                                 old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]),
                                 entropy=entropy, hidden=resp(plain),
                                 ref_logp=resp(ref["log_probs"]) if ref is not None else None,
-                                base_hidden=base_hidden, reduce=reduce, rank=rank)
+                                base_hidden=base_hidden, reduce=reduce, rank=rank, **plain_top)
         out[OUT_SP_CHECK] = torch.stack([
             ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
             ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1),
