@@ -209,3 +209,18 @@ def test_tables_choose_what_is_built_and_keep_every_run_planned():
     assert result.verdict == NOT_TESTABLE and "not built" in result.note
     with pytest.raises(PlanError, match="no table of the chosen papers.*dlogp/main"):
         build_plan(PIPE | {"tables": ["dlogp/nope"]}, validate=False)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("trainer.group_size=0", r"trainer\.group_size: 0 is less than the minimum of 2"),
+    ("trainer.lr=-1e-5", r"trainer\.lr: -1e-05 is less than or equal to the minimum of 0"),
+    ("eval.top_p=1.5", r"eval\.top_p: 1\.5 is greater than the maximum of 1"),
+    ("trainer.lr_schedule=linear", r"trainer\.lr_schedule: 'linear' is not one of"),
+    ("eval.ks=[1,64]", r"eval\.ks=\[1, 64\]: pass@j needs j <= eval\.k"),
+])
+def test_out_of_range_values_are_refused_at_plan_time_naming_the_key(tmp_path, override, needle):
+    """What a job would refuse at its first step (or silently misuse) is refused when the plan is built (`snakemake -n`),
+    with the run and the key: the ranges of workflow/schemas/run.schema.yaml."""
+    cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(overrides=[override]))
+    with pytest.raises(PlanError, match=r"micro/micro-\w/dapo-ds/s0: " + needle):
+        build_plan(PIPE, cfg_dir)

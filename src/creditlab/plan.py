@@ -319,12 +319,38 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
         for run in runs:
             cfg = _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
                                                    run.seed, config_dir))
+            check_ranges(cfg, run.key)
             if run.method != BASE_RUN:
                 check_registered(cfg, run.key)
                 check_verl_run(cfg, run.key)
             data_suites = (cfg.get("data") or {}).get("suites")
             suites[run.key] = list(data_suites) if data_suites is not None else None
     return suites
+
+
+RUN_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "run.schema.yaml"
+"""The ranges of a resolved run config's numeric fields (JSON schema)."""
+
+
+@lru_cache(maxsize=1)
+def _run_validator():
+    from jsonschema import Draft202012Validator
+
+    with open(RUN_SCHEMA) as f:
+        return Draft202012Validator(yaml.safe_load(f))
+
+
+def check_ranges(cfg: dict[str, Any], key: str) -> None:
+    """Every numeric field of a resolved run config is in its range (workflow/schemas/run.schema.yaml) and
+    ``eval.ks`` are at most ``eval.k``: else PlanError naming the run, the key and the allowed range."""
+    errors = sorted(_run_validator().iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = ".".join(str(p) for p in err.absolute_path) or "(root)"
+        raise PlanError(f"{key}: {where}: {err.message}")
+    e = cfg.get("eval") or {}
+    if e.get("ks") and e.get("k") and max(e["ks"]) > int(e["k"]):
+        raise PlanError(f"{key}: eval.ks={list(e['ks'])}: pass@j needs j <= eval.k={e['k']}")
 
 
 def check_verl_run(cfg: dict[str, Any], key: str) -> None:
