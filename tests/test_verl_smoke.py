@@ -266,12 +266,14 @@ def test_dynamic_sampling_trains_only_groups_with_a_signal_and_refills(smoke):
 def test_probability_weights_fold_into_the_advantages_with_their_ranges(smoke):
     """Δlog p, Dominate and PPL weights (driver side, from verl's old log-probs): the mean weight over the batch's
     tokens lies in each function's range: Δlog p 1 + a(1 - p) in (1, 1 + a]; Dominate c p + 1 - c in [1 - c, 1);
-    PPL (normalised in the group, clamped) in [0.8, 1.2] and not uniform."""
+    PPL (one weight per response, normalised in the group, clamped) in [0.8, 1.2], not all 1 (longer responses carry
+    more tokens), and constant within each response (per-row Gini 0)."""
     dlogp, dominate, ppl = (_credit_means(smoke, MATH7B, run) for run in ABLATION)
     assert all(1.0 < w <= 1.2 + 1e-6 for w in dlogp)
     assert all(0.8 - 1e-6 <= w < 1.0 for w in dominate)
-    assert all(0.8 - 1e-6 <= w <= 1.2 + 1e-6 for w in ppl)
-    assert max(x["weight_gini"] for x in _metrics(smoke, MATH7B, "ppl-ds")) > 0.0
+    assert all(0.8 - 1e-6 <= w <= 1.2 + 1e-6 for w in ppl) and any(abs(w - 1.0) > 1e-6 for w in ppl)
+    assert all(x["weight_gini"] == 0.0 for x in _metrics(smoke, MATH7B, "ppl-ds"))
+    assert all(x["weight_gini"] > 0.0 for x in _metrics(smoke, MATH7B, "dlogp-ds-a0.2"))
 
 
 def test_dlogp_ablation_table_and_ledger_through_verl_and_vllm(smoke):

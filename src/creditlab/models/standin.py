@@ -28,9 +28,10 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 SPECIAL = ["<|im_start|>", "<|im_end|>"]
 STOP = "<|im_end|>"
 """A chat turn's end: the checkpoint's generation_config stop token beside the tokenizer's EOS."""
-STOP_SCALE = 12.0
-"""Scale of the stop tokens' LM-head rows: with it a stand-in ends ~20% of 8-token responses within 4 tokens and the
-rest spread over 5-8 (measured on the Qwen3 stand-in, 32 samples); without it nearly all run to the budget."""
+STOP_PROB = 0.15
+"""Mean probability of a stop token per generated position (:func:`calibrate_stop`): 8-token responses then end
+within 4 tokens about half the time and run to the budget about a quarter of it, so lengths vary within a group and
+overlong shaping gives rewards that vary (a random model is never right) and every update path runs."""
 
 BASE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=4096, tie_word_embeddings=False)
@@ -94,6 +95,42 @@ def check_reload(tok, out: Path, texts: Iterable[str]) -> None:
                              f"{text[:60]!r} differently from the tokenizer written")
 
 
+@torch.no_grad()
+def calibrate_stop(model, tok, texts: Iterable[str], stop_ids: list[int], p_stop: float = STOP_PROB,
+                   max_positions: int = 4096) -> float:
+    """Set the LM-head rows of ``stop_ids`` to s * u, u the unit mean of the final hidden states h over the chat-rendered
+    ``texts``, with s chosen so that the mean over those positions of P(stop | h) = ``p_stop``. A random head's stop
+    logits are otherwise whatever h . w gives: one stand-in stopped at its first token, another never (measured).
+    P(stop | h) = sum_k exp(s h.u) / (sum_k exp(s h.u) + sum_other exp(h.w_j)) is found by bisection on s over
+    [-1e3, 1e3] (monotone where h.u > 0, which holds for most positions; the closest value is kept otherwise).
+    Returns s."""
+    head = model.get_output_embeddings()
+    stash: list[torch.Tensor] = []
+    hook = head.register_forward_hook(lambda mod, args, out: stash.append(args[0].detach()))
+    try:
+        for text in list(texts)[:32] or ["1 + 1?"]:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            model(torch.tensor([tok.encode(ids, add_special_tokens=False)[-512:]]))
+    finally:
+        hook.remove()
+    h = torch.cat([x.reshape(-1, x.shape[-1]) for x in stash])[:max_positions].float()
+    u = h.mean(0) / h.mean(0).norm()
+    others = torch.ones(head.weight.shape[0], dtype=torch.bool)
+    others[stop_ids] = False
+    lse_other = torch.logsumexp(h @ head.weight[others].float().T, -1)
+    proj, n_stop = h @ u, torch.tensor(float(len(stop_ids))).log()
+
+    def prob(scale: float) -> float:
+        return torch.sigmoid(n_stop + scale * proj - lse_other).mean().item()
+
+    lo, hi = -1e3, 1e3
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if prob(mid) < p_stop else (lo, mid)
+    head.weight[stop_ids] = (lo * u).to(head.weight.dtype)
+    return lo
+
+
 def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int = 0) -> Path:
     """Write a random-init stand-in of an ``arch.family`` backbone as a hub snapshot directory ``out``.
 
@@ -112,10 +149,9 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(seed)
     model = model_cls(cfg).float()
-    with torch.no_grad():  # a peakier random policy whose responses end (a stop token) after 2-8 tokens: lengths vary
-        head = model.get_output_embeddings().weight  # within a group, so overlong shaping gives rewards that vary
-        head.mul_(3.0)  # (a random model is never right), advantages are non-zero and every update path runs
-        head[[tok.eos_token_id, stop]] *= STOP_SCALE
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(3.0)  # a peakier random policy
+    calibrate_stop(model, tok, texts, [tok.eos_token_id, stop])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
