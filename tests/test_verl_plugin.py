@@ -536,7 +536,8 @@ def _put_group(tq, rewards, step, partition="train", seq_lens=None):
         L = 3 + s if seq_lens is None else seq_lens[s]
         keys.append(f"{uid}_{s}_0")
         fields.append({"rm_scores": torch.tensor([0.0] * (L - 1) + [float(r)]), "uid": uid,
-                       "responses": torch.arange(L), "response_mask": torch.ones(L, dtype=torch.int64)})
+                       "prompts": torch.tensor(list(uid.encode())), "responses": torch.arange(L) + s,
+                       "response_mask": torch.ones(L, dtype=torch.int64)})
         tags.append({"status": "success", "seq_len": 10 + L, "global_steps": step})
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
     tq.kv_batch_put(keys=[uid], partition_id=partition,
@@ -692,7 +693,7 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     split_verl, scattered_verl, m_verl = results["verl"]
     split_qb, scattered_qb, m_qb = results["qb"]
     assert split_qb == scattered_qb == 0.0 and m_qb["creditlab/groups_split_frac"] == 0.0
-    assert split_verl >= 0.25 and scattered_verl == 1.0 and m_verl["creditlab/groups_split_frac"] == split_verl
+    assert split_verl >= 0.25 and scattered_verl >= 0.5 and m_verl["creditlab/groups_split_frac"] == split_verl
     for m in (m_verl, m_qb):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] < 0.1 * m["global_seqlen/mean"]
     _clear_partition(tq)
@@ -740,6 +741,20 @@ def test_zero_signal_frac_counts_groups_whose_advantages_all_vanish():
     assert vtrainer.zero_signal_frac(adv, torch.tensor([0, 1, 1, 1, 1, 2])) == pytest.approx(2 / 3)
 
 
+def test_content_order_does_not_depend_on_arrival():
+    """Two arrival orders of the same rollouts give the same content order (groups by prompt, rollouts by response)."""
+    prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 2]), torch.tensor([3])]
+    responses = [torch.tensor([5]), torch.tensor([6]), torch.tensor([7]), torch.tensor([8])]
+    first = [(tuple(prompts[i].tolist()), tuple(responses[i].tolist())) for i in
+             vtrainer.content_order(prompts, responses)]
+    perm = [3, 0, 2, 1]
+    second = [(tuple(prompts[perm[i]].tolist()), tuple(responses[perm[i]].tolist())) for i in
+              vtrainer.content_order([prompts[j] for j in perm], [responses[j] for j in perm])]
+    assert first == second and sorted(first) == sorted(zip(map(lambda t: tuple(t.tolist()), prompts),
+                                                           map(lambda t: tuple(t.tolist()), responses)))
+    assert {first[0][0], first[1][0]} == {first[0][0]}  # a group's rollouts stay together
+
+
 def test_sign_order_is_sequential_cuts_of_the_sides():
     """trainer.sign_order: a permutation; with the positives filling whole mini-batches exactly, no step mixes."""
     adv = torch.tensor([1.0, -1, 1, -1, 0, 1, -1, 1])  # 4 positive of 8: 2 mini-batches of 4 are single-sign
@@ -767,7 +782,8 @@ def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):
         L = int(torch.randint(5, 60, (1,), generator=generator))
         keys.append(f"{uids[g]}_{s}_0")
         fields.append({"rm_scores": torch.tensor([0.0] * (L - 1) + [float(s % 2)]), "uid": uids[g],
-                       "responses": torch.arange(L), "response_mask": torch.ones(L, dtype=torch.int64),
+                       "prompts": torch.tensor(list(uids[g].encode())), "responses": torch.arange(L) + s,
+                       "response_mask": torch.ones(L, dtype=torch.int64),
                        "input_ids": torch.arange(10 + L), "row": torch.tensor(len(keys) - 1)})
         tags.append({"status": "success", "seq_len": 10 + L, "global_steps": step})
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
@@ -837,8 +853,13 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     t._update_actor(batch, {})
     assert seen.pop("force_group_size") == {GROUP} and "force_group_size" not in batch.extra_info
 
-    # the local engine's sequential mini-batches of the group-contiguous batch
-    contiguous = sorted(keys, key=lambda k: first_seen.index(vtrainer.uid_of(k)))  # stable: rollout order kept
+    # the local engine's sequential mini-batches of the group-contiguous batch, in the batch's content order (the
+    # trainer orders by content first: trainer.content_order), groups in order of first appearance there
+    data = tq.kv_batch_get(keys=list(keys), partition_id="train", select_fields=["prompts", "responses"])
+    by_content = [keys[i] for i in vtrainer.content_order(list(data["prompts"].unbind()),
+                                                          list(data["responses"].unbind()))]
+    seen_first = list(dict.fromkeys(vtrainer.uid_of(k) for k in by_content))
+    contiguous = sorted(by_content, key=lambda k: seen_first.index(vtrainer.uid_of(k)))  # stable
     gids = plugin.group_index([vtrainer.uid_of(k) for k in contiguous])
     want = [[contiguous[i] for i in mb] for mb in sequential_minibatches(gids, prompts // mini, torch.Generator())]
     got, n_micro = [], 0

@@ -41,6 +41,7 @@ TransferQueue, and the pure functions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -211,6 +212,20 @@ def sequential_order(group_ids: Tensor, n_minibatches: int, dp_size: int) -> tup
         raise ValueError(f"sequential batching: unequal mini-batches {[int(mb.numel()) for mb in mbs]}")
     per_rank = [[int(seq[i]) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
     return [i for part in per_rank for i in part], per_rank
+
+
+def content_order(prompts: list[Tensor], responses: list[Tensor]) -> list[int]:
+    """The rollouts of a batch in an order fixed by what they are, not by when they arrived: groups by a hash of their
+    prompt's token ids, a group's rollouts by a hash of their response's (rollouts of a group are exchangeable).
+    verl lists a sampled batch in the order TransferQueue received the rollouts, which the timing of the rollout
+    server decides; every order built on it (sequential, QB, sign, verl's balancing, which breaks ties by position)
+    then differs between an uninterrupted and a resumed run of the same seed. prompts, responses: B token-id tensors.
+    Returns a permutation of range(B)."""
+    def digest(t: Tensor) -> bytes:
+        return hashlib.sha256(t.detach().to("cpu", torch.int64).numpy().tobytes()).digest()
+
+    keys = [(digest(p), digest(r)) for p, r in zip(prompts, responses)]
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
@@ -542,7 +557,11 @@ class CreditlabTrainer(PPOTrainerSync):
         (:func:`sign_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``; a group-coupled loss's
         order must pass :func:`groups_aligned`."""
         dp = self._actor_dp_size()
-        adv = self._sequence_advantages(batch)  # A_i in batch order (before any reordering)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["uid", "rm_scores", "prompts", "responses"])
+        order = content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
+        adv = self._sequence_advantages(batch, data)[torch.tensor(order, dtype=torch.long)]
+        batch.reorder(order)  # every order below starts from the batch's content, not from its arrival
         metrics["creditlab/zero_adv_groups_frac"] = zero_signal_frac(adv, group_index([uid_of(k) for k in batch.keys]))
         if self.sign_partitioned:
             n, mini = len(batch), self._mini_batch_rollouts()
@@ -581,10 +600,12 @@ class CreditlabTrainer(PPOTrainerSync):
         return batch
 
     # -- old-log-prob pass (with worker-side credit) and the fused reference pass
-    def _sequence_advantages(self, batch: KVBatchMeta) -> Tensor:
-        """A_i of every rollout from TransferQueue (``rm_scores`` summed, prompt uids): the same registered
-        advantage as our verl estimator ``creditlab_<advantage>``. Tensor[B] float32."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
+    def _sequence_advantages(self, batch: KVBatchMeta, data: TensorDict | None = None) -> Tensor:
+        """A_i of every rollout from TransferQueue (``rm_scores`` summed, prompt uids; or from ``data`` holding those
+        fields in batch order): the same registered advantage as our verl estimator ``creditlab_<advantage>``.
+        Tensor[B] float32."""
+        if data is None:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         scores = _padded(data["rm_scores"]).sum(-1).float()
         return sequence_advantages(self.advantage_name, scores, group_index(list(data["uid"]))).float()
 
