@@ -351,3 +351,341 @@ def test_sandbox_report():
     assert report["tier"] in ("bwrap", "unshare", "process"), report["notes"]
     for layer in ("process_per_solution", "rlimits", "process_count_limit", "wall_clock_kill", "scrubbed_env"):
         assert report["layers"][layer]["active"], (layer, report)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attacks on the judge and on the harness (issue 21, item 1): each ends as that solution's verdict
+# ----------------------------------------------------------------------------------------------
+
+# token -> whether "1 <token>" equals "1.0 <token>" under LCB's rule (Decimals element-wise; NaN never equals,
+# a token Decimal cannot read makes the line a plain string)
+SPECIAL_DECIMALS = {"sNaN": False, "-sNaN": False, "sNaN123": False, "NaN": False, "-NaN": False, "Infinity": True,
+                    "-inf": True, "1e999999999999999999999": False, "1e-999999999999999999999": False,
+                    "9" * 5000 + "e999999999": True, "1e" + "9" * 5000: False}
+
+
+def test_special_decimal_values_never_raise():
+    for tok, equal in SPECIAL_DECIMALS.items():
+        for p, g in [(tok, "1"), ("1", tok), (f"{tok} 2", f"1 {tok}"), (f"{tok}", f"{tok}0")]:
+            assert ce.stdout_matches(p, g) is False, (p, g)
+        assert ce.stdout_matches(f"1 {tok}", f"1.0 {tok}") is equal, tok
+        assert ce.stdout_matches(tok, tok) is True  # identical lines are equal whatever they hold (LCB)
+    assert ce.stdout_matches("inf", "Infinity") and not ce.stdout_matches("NaN 1", "NaN 1.0")
+
+
+def test_special_decimal_output_is_only_that_solutions_verdict():
+    # a stdin solution printing a signalling NaN made the trusted parent raise decimal.InvalidOperation,
+    # and verify_many lost the verdicts of the whole batch
+    tests = one_stdin("3", "1 2")
+    good = "a, b = map(int, input().split())\nprint(a + b)\n"
+    codes = [good, "print('sNaN')", "print('-sNaN123 7')", "print('1e999999999999999999999')", good]
+    out = ce.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=5)
+    assert [v.status for v in out] == ["pass", "fail", "fail", "fail", "pass"], [v.to_dict() for v in out]
+
+
+def _forging_solution(route: str, forged: dict[str, list], answers: dict[str, str]) -> str:
+    """A stdin solution that, on the inputs in ``forged``, writes result lines (the harness's line protocol
+    before issue 21: one JSON object per line) into every pipe that another process of the sandbox holds
+    open for writing, reached through /proc/<pid>/fd (``proc_fd``) or pidfd_getfd (``pidfd_getfd``); then
+    prints ``answers[input]`` (default: a wrong answer). When the tests run as root the pipes belong to root
+    and their permissions already refuse the ``proc_fd`` route (it worked when the caller is not root);
+    ``pidfd_getfd`` needs no permission on the pipe."""
+    lines = {k: [json.dumps({"op": "result", "status": "ok", "output": o, "truncated": False, "wall_s": 0.0,
+                             "cpu_s": 0.0, "detail": ""}) for o in outs] for k, outs in forged.items()}
+    return f"""
+import ctypes, fcntl, os, stat, sys
+ROUTE, LINES, ANSWERS = {route!r}, {lines!r}, {answers!r}
+inp = sys.stdin.read().strip()
+
+def open_writer(pid, fd):
+    if ROUTE == "proc_fd":
+        with open("/proc/%d/fdinfo/%d" % (pid, fd)) as f:
+            flags = int(f.read().split("flags:")[1].split()[0], 8)
+        return os.open("/proc/%d/fd/%d" % (pid, fd), os.O_WRONLY) if flags & 3 == 1 else None
+    libc = ctypes.CDLL(None, use_errno=True)
+    pfd = os.pidfd_open(pid)
+    try:
+        n = libc.syscall(438, pfd, fd, 0)  # pidfd_getfd (the same number on every architecture)
+    finally:
+        os.close(pfd)
+    if n < 0:
+        return None
+    if fcntl.fcntl(n, fcntl.F_GETFL) & 3 != 1:
+        os.close(n)
+        return None
+    return n
+
+if inp in LINES:
+    seen = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        for fd in range(64):
+            try:
+                w = open_writer(int(name), fd)
+            except (OSError, IndexError, ValueError):
+                continue
+            if w is None:
+                continue
+            st = os.fstat(w)
+            if stat.S_ISFIFO(st.st_mode) and st.st_ino not in seen:
+                seen.add(st.st_ino)
+                os.write(w, "".join(line + "\\n" for line in LINES[inp]).encode())
+            os.close(w)
+print(ANSWERS.get(inp, "WRONG"))
+"""
+
+
+FORGE_TESTS = one_stdin("3", "1 2") + one_stdin("7", "3 4") + one_stdin("11", "5 6")
+
+
+@pytest.mark.parametrize("route", ["proc_fd", "pidfd_getfd"])
+def test_solution_cannot_forge_passes(route):
+    # a wrong solution writes a passing result for every test into the harness's answer pipe
+    code = _forging_solution(route, {"1 2": ["3", "7", "11"]}, {})
+    v = ce.run_tests(code, FORGE_TESTS, time_limit_s=5)
+    assert [t.verdict for t in v.tests] == ["fail", "skipped", "skipped"], v.to_dict()
+    assert "WRONG" in v.tests[0].detail
+
+
+@pytest.mark.parametrize("route", ["proc_fd", "pidfd_getfd"])
+def test_solution_cannot_shift_results(route):
+    # a correct solution that injects one extra (failing) result: every real result would land on the next test
+    code = _forging_solution(route, {"1 2": ["nope"]}, {"1 2": "3", "3 4": "7", "5 6": "11"})
+    v = ce.run_tests(code, FORGE_TESTS, time_limit_s=5, stop_at_first_failure=False)
+    assert [t.verdict for t in v.tests] == ["pass", "pass", "pass"], v.to_dict()
+
+
+@pytest.mark.parametrize("route", ["proc_fd", "pidfd_getfd"])
+def test_forged_non_string_output_is_not_a_parent_error(route):
+    # a forged non-string output made the parent raise (str methods on a list); now it cannot even be forged
+    code = _forging_solution(route, {"1 2": [["x"], {"a": 1}, 7]}, {})
+    out = ce.verify_many([(code, FORGE_TESTS), ("print(3)", FORGE_TESTS[:1])], workers=2, time_limit_s=5)
+    assert [v.status for v in out] == ["fail", "pass"], [v.to_dict() for v in out]
+
+
+def test_harness_is_out_of_the_solutions_reach():
+    # what the forging attacks need: access to a process of the sandbox that is not the solution's own.
+    # Every other process (the harness; before issue 21 also bwrap's pid 1, which held the harness's pipes)
+    # must refuse ptrace, process_vm_readv, pidfd_getfd and its /proc/<pid>/fd.
+    code = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+class IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(8)
+got = []
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) == os.getpid():
+        continue
+    pid = int(name)
+    if libc.ptrace(0x4206, pid, None, None) == 0:  # PTRACE_SEIZE (released when this process exits)
+        got.append("ptrace %d" % pid)
+    local, remote = IOVec(ctypes.addressof(buf), 8), IOVec(id(os), 8)  # os exists at that address in a forked parent
+    if libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:
+        got.append("process_vm_readv %d" % pid)
+    try:
+        pfd = os.pidfd_open(pid)
+        for fd in range(16):
+            n = libc.syscall(438, pfd, fd, 0)
+            if n >= 0:
+                got.append("pidfd_getfd %d" % pid)
+                break
+    except OSError:
+        pass
+    try:
+        os.listdir("/proc/%d/fd" % pid)
+        got.append("proc_fd %d" % pid)
+    except OSError:
+        pass
+if os.uname().machine in ("x86_64", "aarch64"):  # second layer: these calls are denied to the solution (seccomp)
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        got.append("no-seccomp")
+    except OSError:
+        pass
+print("isolated" if not got else " ".join(got))
+"""
+    v = ce.run_tests(code, one_stdin("isolated"), time_limit_s=10)
+    assert v.passed, v.to_dict()
+
+
+def test_solution_cannot_stop_or_kill_its_harness():
+    # the harness is pid 1 of the sandbox's pid namespace: the kernel drops the solution's signals to it (before
+    # issue 21 it was pid 2 and a kill made the run a sandbox_error; a SIGSTOP hung it until the parent's timeout)
+    code = ("import os, signal\n"
+            "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):\n"
+            "    for target in (1, -1):\n"
+            "        try:\n            os.kill(target, sig)\n        except OSError:\n            pass\n"
+            "print(int(input()) * 2)\n")
+    v = ce.run_tests(code, one_stdin("42", "21") + one_stdin("8", "4"), time_limit_s=5)
+    assert v.passed, v.to_dict()
+
+
+def test_solution_cannot_learn_the_nonce(monkeypatch):
+    # the per-run nonce that authenticates the harness's answers must not be in the solution's memory (a fork of
+    # the harness): the harness keeps it in a page that forks see zeroed. The solution scans all its readable
+    # memory for it; the nonce is given as a list of ints, so its text never exists there unless it leaked.
+    nonce = os.urandom(16)
+    real_urandom = os.urandom
+    monkeypatch.setattr(ce.os, "urandom", lambda n: nonce if n == len(nonce) else real_urandom(n))
+    needle = list(nonce.hex().encode())
+    code = f"""
+N = {needle!r}
+head = bytes(N[:4])
+found = 0
+with open("/proc/self/maps") as f:
+    regions = [line.split() for line in f]
+with open("/proc/self/mem", "rb", buffering=0) as mem:
+    for r in regions:
+        lo, hi = (int(x, 16) for x in r[0].split("-"))
+        if r[1][0] != "r" or (len(r) > 5 and r[5] in ("[vvar]", "[vsyscall]", "[vvar_vclock]")):
+            continue
+        try:
+            mem.seek(lo)
+            chunk = mem.read(hi - lo)
+        except (OSError, ValueError, OverflowError):
+            continue
+        pos = chunk.find(head)
+        while pos >= 0:
+            if list(chunk[pos:pos + len(N)]) == N:
+                found += 1
+            pos = chunk.find(head, pos + 1)
+print("found %d" % found)
+"""
+    v = ce.run_tests(code, one_stdin("found 0"), time_limit_s=20, memory_mb=1024)
+    assert v.passed, v.to_dict()
+
+
+def test_malformed_harness_answers_are_sandbox_errors(monkeypatch):
+    # the parent validates every answer: nonce, one answer per request, field types. A harness (here a fake
+    # one, standing for a subverted harness) that breaks the protocol yields sandbox_error for that solution
+    # only, never an exception in the parent.
+    fake = r'''
+import json, os, sys
+nonce = b""
+while len(nonce) < 32:
+    nonce += os.read(0, 32 - len(nonce))
+pin = os.fdopen(0, "rb")
+cfg = json.loads(pin.readline())
+mode = cfg["code"].strip()
+
+def send(obj, prefix=None):
+    os.write(1, (nonce if prefix is None else prefix) + b" " + json.dumps(obj).encode() + b"\n")
+
+ok = {"status": "ok", "wall_s": 0.0, "cpu_s": 0.0, "detail": ""}
+send({"op": "compiled", "i": -1, **ok})
+for line in pin:
+    i = json.loads(line)["i"]
+    res = {"op": "result", "i": i, **ok, "output": "3", "truncated": False}
+    if mode == "no_nonce":
+        os.write(1, json.dumps(res).encode() + b"\n")
+    elif mode == "wrong_nonce":
+        send(res, b"0" * 32)
+    elif mode == "list_output":
+        send({**res, "output": ["3"]})
+    elif mode == "bool_index":
+        send({**res, "i": True if i == 1 else i})
+    elif mode == "wrong_index":
+        send({**res, "i": i + 1})
+    elif mode == "two_answers":
+        send(res)
+        send(res)
+    elif mode == "not_an_object":
+        send([res])
+    elif mode == "bad_status":
+        send({**res, "status": ["ok"]})
+    elif mode == "nan_time":
+        os.write(1, nonce + b" " + json.dumps({**res, "wall_s": float("nan")}).encode() + b"\n")
+    elif mode == "string_truncated":
+        send({**res, "truncated": "no"})
+    else:
+        send(res)
+'''
+    monkeypatch.setattr(ce, "_HARNESS", fake)
+    tests = one_stdin("3", "1 2") + one_stdin("3", "3 4")
+    modes = ["honest", "no_nonce", "wrong_nonce", "list_output", "bool_index", "wrong_index", "two_answers",
+             "not_an_object", "bad_status", "nan_time", "string_truncated"]
+    out = ce.verify_many([(m, tests) for m in modes], workers=2, time_limit_s=5, stop_at_first_failure=False)
+    assert out[0].passed, out[0].to_dict()
+    for mode, v in zip(modes[1:], out[1:]):
+        assert "sandbox_error" in [t.verdict for t in v.tests] and not v.passed, (mode, v.to_dict())
+
+
+HUGE_RETURN = r"""
+import os
+def f(x):
+    # the largest number the output cap allows, written where the harness reads the return value (every file
+    # of the harness's i/o dir), then exit cleanly before the harness writes the real one
+    digits = "9" * 2_000_000
+    for root in ("/tmp", os.getcwd()):
+        for d, _, files in os.walk(root):
+            for name in files:
+                try:
+                    with open(os.path.join(d, name), "w") as fh:
+                        fh.write(digits)
+                except OSError:
+                    pass
+    os._exit(0)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_huge_printed_number_is_judged_within_the_solutions_budget():
+    # int(Decimal(...)) of 2 million digits took the parent 182 s; the verdict must come in seconds. Run in a
+    # subprocess with a bounded timeout (no wall-clock assertion: the timeout only stops a hung judge).
+    prog = ("import json, sys\nfrom creditlab.rewards import code_exec as ce\n"
+            "tests = [{'input': '1', 'output': '1', 'testtype': 'functional', 'func_name': 'f'}]\n"
+            "stdin_tests = [{'input': '', 'output': '1 2', 'testtype': 'stdin'}]\n"
+            "big = ce.run_tests(sys.argv[1], tests, time_limit_s=10)\n"
+            "printed = ce.run_tests(\"print('9' * 2_000_000, '8' * 2_000_000)\", stdin_tests, time_limit_s=10)\n"
+            "print(json.dumps([big.status, printed.status]))\n")
+    p = subprocess.run([sys.executable, "-c", prog, HUGE_RETURN], capture_output=True, text=True, timeout=90,
+                       check=False, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == ["fail", "fail"], p.stdout[-2000:]
+    assert ce.return_matches("9" * 2_000_000, "9" * 2_000_000)  # huge integers still compare (as digit strings)
+    assert not ce.return_matches("9" * 2_000_000, "9" * 1_999_999 + "8")
+    assert ce.return_matches("[" + "1" * 5000 + ", 2]", "[" + "1" * 5000 + ", 2.0]")
+    assert not ce.return_matches("1" + "0" * 5000, "1e5000")  # an int that large never equals a float (inf)
+    # millions of tiny containers: not parsed (the trusted parent would spend seconds and ~0.5 GB on them)
+    assert not ce.return_matches("[" + "[], " * 4_000_000 + "[]]", "[[]]")
+    # what json.dumps makes of a value equal to the gold still matches, however much longer its text is
+    assert ce.return_matches(json.dumps([False] * 1000), json.dumps([0] * 1000, separators=(",", ":")))
+    assert ce.return_matches(json.dumps("\U0001F600" * 1000), json.dumps("\U0001F600" * 1000, ensure_ascii=False))
+
+
+def test_dev_shm_and_dev_are_capped():
+    # /dev/shm was an uncapped tmpfs (3 GB in 3 s, host shared memory grew); /dev itself was writable too
+    code = r"""
+import errno, os
+report = []
+try:
+    open("/dev/creditlab_probe", "w").write("x")
+    report.append("dev-writable")
+except OSError:
+    pass
+total, capped, names = 0, False, []
+chunk = b"x" * (1 << 20)
+try:
+    for i in range(12):  # 12 files of up to 16 MB (the file-size limit), 192 MB in all
+        names.append("/dev/shm/creditlab_probe_%d_%d" % (os.getpid(), i))
+        with open(names[-1], "wb") as f:
+            for _ in range(16):
+                f.write(chunk)
+                f.flush()
+                total += len(chunk)
+except OSError as e:
+    capped = e.errno in (errno.ENOSPC, errno.EFBIG) and total <= (128 << 20)
+finally:  # the fallback tiers write to the host's /dev/shm
+    for name in names:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+if not capped:
+    report.append("shm-uncapped %d MB" % (total >> 20))
+print(" ".join(report) or "capped")
+"""
+    v = ce.run_tests(code, one_stdin("capped"), time_limit_s=20, max_output_mb=16)
+    assert v.passed, v.to_dict()

@@ -28,13 +28,26 @@ equal), ``timeout`` (wall clock or CPU limit), ``runtime_error`` (exception, out
 size limit, signal, non-zero ``os._exit``, missing function), ``memory`` (``MemoryError`` under the
 address-space limit), ``compile_error``
 (every test, when the code does not compile), ``sandbox_error`` (the sandbox itself failed or
-was disrupted, e.g. the solution killed its harness), ``skipped`` (not run after a failure).
+was disrupted, or its answers broke the protocol), ``skipped`` (not run after a failure).
 
 Trust model. Generated code is hostile. Expected outputs never enter the sandbox: the trusted
 parent sends one test *input* at a time to a small harness inside the sandbox, the harness runs
 the solution in a fresh forked child per test and returns its raw stdout (or JSON return value),
-and the parent compares. A solution that subverts the harness can therefore only make its own
-verdict worse, never fake a pass without producing the right output.
+and the parent compares. The solution runs as the harness's uid, so the harness puts itself out of
+its reach (layer 8): it is non-dumpable, which makes the kernel refuse ``ptrace``, ``pidfd_getfd``,
+``process_vm_readv/writev`` and its ``/proc/<pid>/fd`` and ``/mem`` to a process without
+``CAP_SYS_PTRACE``; it is the sandbox's pid 1 (no bwrap process holding its pipes; the kernel drops
+the solution's signals to it); and the solution's processes run under a seccomp filter denying those
+calls. The parent validates every answer strictly: each line starts with a per-run random nonce,
+sent to the harness before anything else and kept in a page that forked children see zeroed
+(``MADV_WIPEONFORK``), so the solution cannot know it; exactly one answer per request, for that
+request's test; every field typed. Anything else is that solution's ``sandbox_error``. A solution
+can therefore only make its own verdict worse, never fake a pass without producing the right output.
+Judging is linear in the output's size (at most ``max_output_mb``), whatever the output holds:
+special decimal values (``sNaN`` ...) are wrong answers, huge integers compare as digit strings
+(``int()`` of a 2-million-digit number is quadratic), a line is split into at most as many tokens as
+the gold line has; a judging error is that test's ``sandbox_error``, never an exception (so
+:func:`verify_many` never loses a batch to one solution).
 
 Isolation layers (:func:`sandbox_report` says which are active on this machine):
 
@@ -62,8 +75,9 @@ Tier ``bwrap`` (bubblewrap, Debian package ``bubblewrap``; ``make install`` inst
    killed on timeout); ``--new-session`` (no terminal injection).
 6. **Filesystem**: a new mount namespace whose root is an empty read-only tmpfs with ``/usr``
    (and the interpreter's install prefix if elsewhere) bound read-only and nosuid; no ``/etc``, no
-   home, no project files; ``/tmp`` and the working dir ``/sandbox`` are size-capped tmpfs that
-   vanish with the sandbox (the scratch dir is gone even when the caller is SIGKILLed).
+   home, no project files; ``/tmp``, ``/dev/shm`` (64 MB) and the working dir ``/sandbox`` are
+   size-capped tmpfs that vanish with the sandbox (the scratch dir is gone even when the caller is
+   SIGKILLed); ``/dev`` itself (bwrap's device tmpfs) is read-only.
 7. **Unprivileged uid**: as root, bwrap itself runs as a unique unprivileged uid
    (:data:`UID_BASE` + 64 x caller pid + slot) in a user namespace with nested user namespaces
    disabled, so ``RLIMIT_NPROC`` is enforced and the uid owns nothing on the host. That uid must
@@ -72,6 +86,15 @@ Tier ``bwrap`` (bubblewrap, Debian package ``bubblewrap``; ``make install`` inst
    root keeping only CAP_SETUID/SETGID, the harness dropping to the unique uid before reading
    anything (nested user namespaces then stay possible). As non-root, bwrap runs unprivileged
    (uid 65534 inside, mapped to the caller).
+
+Every tier:
+
+8. **The harness out of the solution's reach** (see the trust model): non-dumpable (required: the
+   harness refuses to run otherwise), pid 1 of its pid namespace in the ``bwrap`` (``--as-pid-1``)
+   and ``unshare`` tiers, and on x86_64 / aarch64 a seccomp filter on every process of the solution
+   (``ptrace``, ``process_vm_readv/writev``, ``kcmp``, ``perf_event_open``, ``pidfd_open``,
+   ``pidfd_getfd``, ``process_madvise`` and other architectures' system calls fail with EPERM; a
+   filter that cannot be installed is a ``sandbox_error``).
 
 Fallback tiers when bwrap is missing or fails its probe (any tier can be forced with env
 ``CREDITLAB_CODE_SANDBOX=bwrap|unshare|process``; ``auto`` is the default):
@@ -88,12 +111,16 @@ Fallback tiers when bwrap is missing or fails its probe (any tier can be forced 
   kills the processes whose environment carries the run's tag (a solution that re-executes
   itself with a clean environment after ``setsid`` can escape it until its CPU limit).
 
-The fallbacks keep layers 1-4, so infinite loops, fork bombs and huge allocations still end as
-clean failed verdicts; the network and file tests of ``tests/test_code_exec.py`` fail on them, on
+The fallbacks keep layers 1-4 and 8, so infinite loops, fork bombs and huge allocations still end as
+clean failed verdicts; the network, file and ``/dev/shm`` tests of ``tests/test_code_exec.py`` fail on them, on
 purpose. Not provided by any tier: a bound on the *total* memory of a sandbox (each process has
 its own address-space limit, so the worst case is ``max_procs x memory_mb``; that needs a memory
-cgroup; note that bwrap's two tmpfs, ``/tmp`` 256 MB and ``/sandbox`` ``scratch_mb``, are RAM too)
-and a syscall filter (seccomp). Killed sandbox processes may stay zombies for a moment
+cgroup; note that bwrap's tmpfs, ``/tmp`` 256 MB, ``/dev/shm`` 64 MB and ``/sandbox``
+``scratch_mb``, are RAM too, as are System V shared memory segments and memfds, bounded only by the
+kernel's per-namespace limits and the per-process limits) and a general syscall filter (the seccomp
+filter denies only the process-access calls). The non-root ``process`` tier runs the solution as
+the caller's uid: it can reach the caller itself (``/proc/<pid>/fd``, ``/mem``), so no verdict
+from that tier is safe against a hostile solution. Killed sandbox processes may stay zombies for a moment
 until the host's init reaps them; they hold no memory or CPU.
 
 Registered reward (kind ``"reward"``): ``code_exec`` -- :func:`code_exec_score`, 1.0 if the code
@@ -245,41 +272,100 @@ def _stripped_lines(text: str) -> list[str]:
     return [line.strip() for line in text.strip().split("\n")]
 
 
-def _decimals(line: str) -> list[Decimal] | None:
+def _decimal_line_equal(pred: str, gold: str) -> bool:
+    """LCB's second chance for a line: both lines read as Decimals, element-wise equal.
+
+    Never raises and stays linear in the line's length: the prediction is split into at most as many
+    tokens as the gold has (plus the rest), a NaN (quiet or signalling, whose comparison raises
+    ``InvalidOperation``) never equals anything (as ``NaN != NaN`` in LCB), and a token Decimal cannot
+    read (e.g. an exponent past its range) makes the line a plain string, as in LCB.
+    """
+    gold_tokens = gold.split()
+    pred_tokens = pred.split(maxsplit=len(gold_tokens))
+    if len(pred_tokens) != len(gold_tokens):
+        return False
     try:
-        return [Decimal(tok) for tok in line.split()]
-    except (InvalidOperation, ValueError):
-        return None
+        for p, g in zip(pred_tokens, gold_tokens):
+            dp, dg = Decimal(p), Decimal(g)
+            if dp.is_nan() or dg.is_nan() or dp != dg:
+                return False
+    except (ArithmeticError, ValueError, TypeError):
+        return False
+    return True
 
 
 def stdout_matches(prediction: str, expected: str) -> bool:
-    """LCB's stdin/stdout check: stripped lines equal, or equal as Decimals element-wise."""
-    pred, gold = _stripped_lines(prediction), _stripped_lines(expected)
-    if len(pred) != len(gold):
+    """LCB's stdin/stdout check: stripped lines equal, or equal as Decimals element-wise.
+
+    Never raises; linear in the prediction's length (the line counts are compared before anything is
+    split, a line is split into at most the gold line's token count).
+    """
+    pred_text, gold_text = prediction.strip(), expected.strip()
+    if pred_text.count("\n") != gold_text.count("\n"):
         return False
-    for p, g in zip(pred, gold):
-        if p == g:
-            continue
-        dp, dg = _decimals(p), _decimals(g)
-        if dp is None or dg is None or dp != dg:
+    for p, g in zip(_stripped_lines(pred_text), _stripped_lines(gold_text)):
+        if p != g and not _decimal_line_equal(p, g):
             return False
     return True
 
 
-def _parse_int(s: str) -> int:
-    # str -> int is capped at 4300 digits by default; Decimal -> int is not (LCB raises it to 50000)
-    return int(s) if len(s) < 4000 else int(Decimal(s))
+_INT_DIGITS_FAST = 4000  # str -> int is quadratic: above this many characters an integer is kept as its digits
+
+
+class _BigInt:
+    """A JSON integer literal too long to convert quickly, compared by its digits.
+
+    ``int(s)`` and ``int(Decimal(s))`` are quadratic (2 million digits: minutes); a JSON integer
+    literal is canonical (no leading zeros, no ``+``), so two such literals are equal iff their texts
+    are; an integer of more than 4000 characters never equals a shorter one (its value would need as
+    many digits) nor a float (at most about 1.8e308, or inf).
+    """
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: str) -> None:
+        self.digits = digits
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _BigInt):
+            return self.digits == other.digits
+        if isinstance(other, (int, float)):
+            return False
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.digits)
+
+    def __repr__(self) -> str:
+        return f"_BigInt({_truncate(self.digits, 40)})"
+
+
+def _parse_int(s: str) -> int | _BigInt:
+    return int(s) if len(s) <= _INT_DIGITS_FAST else _BigInt(s)
 
 
 def _json_loads(s: str) -> Any:
     return json.loads(s, parse_int=_parse_int)
 
 
+# The harness writes a return value as json.dumps(value): for a value equal to the gold that text is at most
+# ~12x the gold's (a non-BMP character as two \u escapes; 0 as false), so a longer one is padding (whitespace,
+# float digits, duplicate keys) that only a solution writing the file itself can produce; not parsed.
+_JSON_BLOAT, _JSON_SLACK = 32, 1 << 20
+
+
 def return_matches(prediction_json: str, expected: str) -> bool:
-    """LCB's functional check: ``prediction == json.loads(expected)`` (tuples already made lists)."""
+    """LCB's functional check: ``prediction == json.loads(expected)`` (tuples already made lists).
+
+    Never raises; linear in the prediction's length (huge integers compare as digit strings), and a
+    prediction over ``32 x len(expected) + 1 MB`` characters is a wrong answer without being parsed
+    (so that millions of tiny containers cost neither seconds nor memory of the trusted parent).
+    """
+    if len(prediction_json) > _JSON_BLOAT * len(expected) + _JSON_SLACK:
+        return False
     try:
         return bool(_json_loads(prediction_json) == _json_loads(expected))
-    except (ValueError, RecursionError):
+    except (ValueError, TypeError, ArithmeticError, RecursionError):
         return False
 
 
@@ -353,9 +439,35 @@ PREAMBLE = "".join(f"from {m} import *\n" for m in _STAR_IMPORTS) + "".join(
     f"import {m}\n" for m in _PLAIN_IMPORTS) + "sys.setrecursionlimit(50000)\n"
 
 _HARNESS = r'''
-import builtins, io, json, os, resource, select, signal, sys, time, traceback
-EXIT_OK, EXIT_EXC, EXIT_MEM, EXIT_UNREPR, EXIT_COMPILE = 0, 101, 102, 103, 104
-LIBC, HARNESS_PID = None, os.getpid()
+import builtins, io, json, mmap, os, resource, select, signal, stat, struct, sys, time, traceback
+EXIT_OK, EXIT_EXC, EXIT_MEM, EXIT_UNREPR, EXIT_COMPILE, EXIT_GUARD = 0, 101, 102, 103, 104, 105
+NONCE_LEN = 32
+LIBC, CTYPES, SECCOMP, HARNESS_PID = None, None, None, os.getpid()
+# Calls that reach into another process, denied to the solution (EPERM): ptrace, process_vm_readv,
+# process_vm_writev, kcmp, perf_event_open, pidfd_open, pidfd_getfd, process_madvise.
+DENIED = {"x86_64": (0xC000003E, (101, 310, 311, 312, 298, 434, 438, 440)),
+          "aarch64": (0xC00000B7, (117, 270, 271, 272, 241, 434, 438, 440))}
+
+def prctl(option, arg=0, ptr=None):
+    ul = CTYPES.c_ulong
+    return LIBC.prctl(option, ul(arg), ptr if ptr is not None else ul(0), ul(0), ul(0))
+
+def seccomp_filter():
+    # classic BPF: other architectures' calls (x86: i386 int 0x80, the x32 ABI) and DENIED -> EPERM; rest allowed
+    machine = os.uname().machine
+    if machine not in DENIED:
+        return None
+    arch, nrs = DENIED[machine]
+    deny, allow = 0x00050001, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
+    checks = ([(0x35, 0x40000000)] if machine == "x86_64" else []) + [(0x15, nr) for nr in nrs]  # JGE, JEQ
+    ins = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, deny), (0x20, 0, 0, 0)]  # ld arch; ...; ld nr
+    ins += [(code, len(checks) - i, 0, k) for i, (code, k) in enumerate(checks)]
+    ins += [(0x06, 0, 0, allow), (0x06, 0, 0, deny)]
+    buf = CTYPES.create_string_buffer(b"".join(struct.pack("HBBI", *x) for x in ins))
+
+    class Prog(CTYPES.Structure):
+        _fields_ = [("len", CTYPES.c_ushort), ("filter", CTYPES.c_void_p)]
+    return Prog(len(ins), CTYPES.addressof(buf)), buf
 
 class Unrepresentable(Exception):
     pass
@@ -381,10 +493,16 @@ def child(cfg, test, paths):
     code = EXIT_EXC
     try:
         os.setpgid(0, 0)
-        if LIBC is not None:  # die with the harness (e.g. when its caller is killed)
-            LIBC.prctl(1, signal.SIGKILL)
-            if os.getppid() != HARNESS_PID:
-                return
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Confined before any of its code runs: dumpable again (its /proc entries keep the sandbox's uid, so
+        # kill sweeps find it; the harness stays non-dumpable) and, where known, the process-access calls denied.
+        if prctl(4, 1) != 0 or (SECCOMP is not None and (
+                prctl(38, 1) != 0 or prctl(22, 2, CTYPES.byref(SECCOMP[0])) != 0)):  # NO_NEW_PRIVS; SECCOMP filter
+            code = EXIT_GUARD
+            return
+        prctl(1, signal.SIGKILL)  # die with the harness (e.g. when its caller is killed)
+        if os.getppid() != HARNESS_PID:
+            return
         fds = [os.open(paths["in"], os.O_RDONLY),
                os.open(paths["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                os.open(paths["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)]
@@ -535,20 +653,27 @@ def wait(pid, deadline):
             os.close(pfd)
 
 def read_capped(path, cap):
+    # a regular file only (the solution may have put a link, a FIFO or a device there)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, False
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, False
             data = f.read(cap + 1)
     except OSError:
         return None, False
     return data[:cap].decode("utf-8", "replace"), len(data) > cap
 
 def run(cfg, test, paths):
-    for key in ("out", "err", "ret"):
+    for key in ("in", "out", "err", "ret"):
         try:
             os.unlink(paths[key])
         except OSError:
             pass
-    with open(paths["in"], "w", encoding="utf-8") as f:
+    with os.fdopen(os.open(paths["in"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
         f.write(test["input"] if test is not None and test["testtype"] == "stdin" else "")
     limit = cfg["time_limit_s"]
     t0 = time.monotonic()
@@ -573,7 +698,7 @@ def run(cfg, test, paths):
     else:
         code = os.WEXITSTATUS(status)
         res["status"] = {EXIT_OK: "ok", EXIT_EXC: "exception", EXIT_MEM: "memory", EXIT_UNREPR: "unrepresentable",
-                         EXIT_COMPILE: "compile_error"}.get(code, "exit")
+                         EXIT_COMPILE: "compile_error", EXIT_GUARD: "guard"}.get(code, "exit")
         if res["status"] == "exit":
             res["detail"] = ("exit code %d\n" % code) + res["detail"]
         if res["status"] == "exception" and res["detail"].rstrip().endswith("MemoryError"):
@@ -583,23 +708,50 @@ def run(cfg, test, paths):
         res["output"], res["truncated"] = read_capped(path, cfg["limits"]["fsize_bytes"])
     return res
 
+def read_nonce():
+    # The parent's per-run nonce, read straight from the pipe into a page that forked children see zeroed
+    # (MADV_WIPEONFORK; else not at all): the solution, a fork of this process, cannot learn it.
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        page.madvise(getattr(mmap, "MADV_WIPEONFORK", 18))
+    except OSError:
+        page.madvise(mmap.MADV_DONTFORK)
+    view = memoryview(page)[:NONCE_LEN]
+    got = 0
+    while got < NONCE_LEN:
+        n = os.readv(0, [view[got:]])
+        if n <= 0:
+            os._exit(3)
+        got += n
+    return view
+
 def main():
     uid = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "-" else None
     if uid is not None:  # as root: drop to the sandbox's unique uid before reading anything
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    global LIBC
+    global LIBC, CTYPES, SECCOMP
     try:
         import ctypes
-        LIBC = ctypes.CDLL(None)
-        LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (reset by setuid: set after)
-        LIBC.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the solution are reaped here, not by init
-    except Exception:
-        LIBC = None
+        CTYPES, LIBC = ctypes, ctypes.CDLL(None, use_errno=True)
+        # Out of the solution's reach (same uid): a non-dumpable process refuses ptrace, pidfd_getfd,
+        # process_vm_readv/writev and its /proc/<pid>/fd, /mem to anyone without CAP_SYS_PTRACE.
+        if prctl(4, 0) != 0:  # PR_SET_DUMPABLE (after the uid drop, which resets it)
+            raise OSError(ctypes.get_errno(), "PR_SET_DUMPABLE")
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (reset by setuid: set after)
+        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the solution are reaped here, not by init
+        SECCOMP = seccomp_filter()
+        nonce = read_nonce()
+    except Exception as e:
+        os.write(2, ("harness: cannot put itself out of the solution's reach: %r\n" % (e,)).encode())
+        os._exit(3)
+    # As pid 1 of its pid namespace (bwrap --as-pid-1, unshare --fork) the kernel drops every signal the
+    # solution sends it that has no handler: SIGINT gets none (the solution's processes get Python's back).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     pin = os.fdopen(os.dup(0), "rb")
-    pout = os.fdopen(os.dup(1), "wb")
+    pout = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -617,13 +769,19 @@ def main():
             except Exception:
                 pass
 
-    def send(obj):
-        pout.write(json.dumps(obj).encode("utf-8") + b"\n")
-        pout.flush()
+    def write_all(data):
+        data = memoryview(data)
+        while data:
+            data = data[os.write(pout, data):]
 
-    send({"op": "compiled", **run(cfg, None, paths)})
+    def send(obj):  # one line per request: the nonce (from its page, never copied), a space, JSON
+        write_all(nonce)
+        write_all(b" " + json.dumps(obj).encode("utf-8") + b"\n")
+
+    send({"op": "compiled", "i": -1, **run(cfg, None, paths)})
     for line in pin:
-        send({"op": "result", **run(cfg, json.loads(line), paths)})
+        test = json.loads(line)
+        send({"op": "result", "i": test["i"], **run(cfg, test, paths)})
 
 main()
 '''
@@ -638,6 +796,8 @@ _UID_SLOTS = 64
 STARTUP_S = 20.0  # bwrap + interpreter start + preamble imports, under load
 GRACE_S = 3.0  # per test, on top of time_limit_s, before the parent gives up on the harness
 _TMP_MB = 256  # size cap of the sandbox's /tmp (test input/output files live there)
+_SHM_MB = 64  # size cap of the sandbox's /dev/shm (POSIX shared memory, multiprocessing's semaphores)
+_SECCOMP_ARCH = os.uname().machine in ("x86_64", "aarch64")  # where the harness's seccomp filter applies
 _NOFILE = 256
 _TAG = "CREDITLAB_SANDBOX_RUN"
 
@@ -711,8 +871,10 @@ class _Plan:
 
 
 def _bwrap_argv(plan: _Plan, scratch_mb: int) -> list[str]:
-    a = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-         "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    # --as-pid-1: the harness is the namespace's pid 1. Without it bwrap's own pid 1 (same uid, dumpable) holds
+    # the harness's pipes, and a solution could open them through /proc/1/fd or take them with pidfd_getfd.
+    a = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--as-pid-1",
+         "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if plan.privileged:  # bwrap as root: the harness drops to the unique uid at once
         a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -730,7 +892,9 @@ def _bwrap_argv(plan: _Plan, scratch_mb: int) -> list[str]:
         for i in range(1, len(parts)):
             a += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
         a += ["--ro-bind", plan.prefix, plan.prefix]
-    a += ["--proc", "/proc", "--dev", "/dev",
+    # /dev is bwrap's own tmpfs (uncapped, owned by the sandbox uid): read-only, with a capped /dev/shm on top
+    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+          "--size", str(_SHM_MB << 20), "--perms", "1777", "--tmpfs", "/dev/shm",
           "--size", str(_TMP_MB << 20), "--perms", "1777", "--tmpfs", "/tmp",
           "--size", str(scratch_mb << 20), "--perms", "1777", "--tmpfs", "/sandbox",
           "--chdir", "/sandbox", "--remount-ro", "/"]
@@ -901,7 +1065,14 @@ def sandbox_report() -> dict[str, Any]:
         "nested_user_namespaces_blocked": (ns and not p.privileged, "bwrap --disable-userns" if ns and not p.privileged
                                            else "no"),
         "total_memory_cap": (False, "per-process address space only (no memory cgroup)"),
-        "syscall_filter": (False, "no seccomp"),
+        "harness_isolation": (p.tier != "none" and (p.root or p.tier != "process"),
+                              "harness non-dumpable" + (", pid 1 of its pid namespace" if p.pid_namespace else "")
+                              + "; answers carry a per-run nonce the solution cannot read"
+                              + ("" if p.root or p.tier != "process" else
+                                 "; but the solution runs as the caller's uid and can reach the caller")),
+        "syscall_filter": (p.tier != "none" and _SECCOMP_ARCH,
+                           "seccomp on the solution: process-access calls denied (ptrace, process_vm_*, pidfd_*, "
+                           "kcmp, perf_event_open)" if _SECCOMP_ARCH else f"none on {os.uname().machine}"),
     }
     return {"tier": p.tier, "interpreter": p.interpreter, "root": p.root, "notes": p.error,
             "layers": {k: {"active": bool(a), "detail": d} for k, (a, d) in layers.items()}}
@@ -972,11 +1143,45 @@ class _SandboxGone(Exception):
     pass
 
 
-class _Channel:
-    """Line-delimited JSON with the harness over its stdin/stdout, every call under a deadline."""
+class _Malformed(_SandboxGone):
+    """An answer that breaks the protocol (no or a wrong nonce, a second answer, a wrong field type)."""
 
-    def __init__(self, proc: subprocess.Popen, max_line: int) -> None:
-        self.proc, self.max_line = proc, max_line
+
+_NONCE_BYTES = 16  # sent as 32 hex characters, the first bytes of the harness's input
+_HARNESS_STATUSES = frozenset({"ok", "exception", "memory", "unrepresentable", "compile_error", "guard", "timeout",
+                               "signal", "exit"})
+
+
+def _is_seconds(x: Any) -> bool:
+    return type(x) in (int, float) and math.isfinite(x) and x >= 0
+
+
+def _checked(msg: Any, op: str, index: int) -> dict[str, Any]:
+    """A harness answer, validated field by field; raises :class:`_Malformed` otherwise."""
+    if not isinstance(msg, dict):
+        raise _Malformed(f"harness answer is not an object ({type(msg).__name__})")
+    if msg.get("op") != op or type(msg.get("i")) is not int or msg["i"] != index:
+        raise _Malformed(f"harness answer for {msg.get('op')!r} #{msg.get('i')!r}, expected {op!r} #{index}")
+    status = msg.get("status")
+    if type(status) is not str or status not in _HARNESS_STATUSES:
+        raise _Malformed(f"harness status {_truncate(repr(status), 60)}")
+    if not (_is_seconds(msg.get("wall_s")) and _is_seconds(msg.get("cpu_s"))) or type(msg.get("detail")) is not str:
+        raise _Malformed("harness answer with malformed times or detail")
+    if status == "ok" and op == "result":
+        if not (msg.get("output") is None or type(msg.get("output")) is str) or type(msg.get("truncated")) is not bool:
+            raise _Malformed("harness answer with a malformed output")
+    return msg
+
+
+class _Channel:
+    """Line-delimited JSON with the harness over its stdin/stdout, every call under a deadline.
+
+    Every answer line starts with the run's nonce (random, sent to the harness before anything else;
+    the solution cannot learn it) and must be the only data the harness sent since the last request.
+    """
+
+    def __init__(self, proc: subprocess.Popen, max_line: int, nonce: bytes) -> None:
+        self.proc, self.max_line, self.nonce = proc, max_line, nonce
         self.wfd, self.rfd, self.efd = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
         for fd in (self.wfd, self.rfd, self.efd):
             os.set_blocking(fd, False)
@@ -995,8 +1200,8 @@ class _Channel:
         elif len(self.err) < 1 << 16:
             self.err += chunk
 
-    def send(self, obj: Any, deadline: float) -> None:
-        data = memoryview(json.dumps(obj).encode("utf-8") + b"\n")
+    def send(self, obj: Any, deadline: float, prefix: bytes = b"") -> None:
+        data = memoryview(prefix + json.dumps(obj).encode("utf-8") + b"\n")
         poll = select.poll()
         poll.register(self.wfd, select.POLLOUT)
         if self.err_open:
@@ -1031,7 +1236,11 @@ class _Channel:
             if nl >= 0:
                 line = bytes(self.buf[:nl])
                 del self.buf[: nl + 1]
-                return json.loads(line)
+                if self.buf:
+                    raise _Malformed("harness sent more than one answer")
+                if not line.startswith(self.nonce + b" "):
+                    raise _Malformed("harness answer without the run's nonce")
+                return json.loads(line[len(self.nonce) + 1 :])
             start = len(self.buf)
             if len(self.buf) > self.max_line:
                 raise _SandboxGone("harness answer over the size limit")
@@ -1065,24 +1274,31 @@ class _Channel:
 
 
 def _judge(test: TestCase, res: Mapping[str, Any]) -> TestVerdict:
+    """The verdict of one (validated) harness answer; never raises: a judging error is a ``sandbox_error``."""
     status, wall, cpu, detail = res.get("status"), res.get("wall_s"), res.get("cpu_s"), res.get("detail", "")
     verdict = {"timeout": "timeout", "memory": "memory", "exception": "runtime_error", "signal": "runtime_error",
                "exit": "runtime_error", "unrepresentable": "fail", "compile_error": "compile_error"}.get(status)
-    if status == "ok":
-        out = res.get("output")
-        if out is None:
-            verdict, detail = "fail", "no output"
-        elif res.get("truncated"):
-            verdict, detail = "fail", "output over the size limit"
-        elif test.testtype == "stdin":
-            verdict = "pass" if stdout_matches(out, test.output) else "fail"
-        else:
-            verdict = "pass" if return_matches(out, test.output) else "fail"
-        if verdict == "fail" and not detail:
-            detail = "wrong answer: got " + _truncate(out or "")
-    elif verdict is None:
-        verdict, detail = "sandbox_error", f"unknown harness status {status!r}"
-    return TestVerdict(-1, verdict, wall, cpu, _truncate(detail, 600))
+    try:
+        if status == "ok":
+            out = res.get("output")
+            if out is None:
+                verdict, detail = "fail", "no output"
+            elif res.get("truncated"):
+                verdict, detail = "fail", "output over the size limit"
+            elif test.testtype == "stdin":
+                verdict = "pass" if stdout_matches(out, test.output) else "fail"
+            else:
+                verdict = "pass" if return_matches(out, test.output) else "fail"
+            if verdict == "fail" and not detail:
+                detail = "wrong answer: got " + _truncate(out or "")
+        elif status == "guard":
+            verdict, detail = "sandbox_error", "the sandbox could not confine the solution (prctl / seccomp failed)"
+        elif verdict is None:
+            verdict, detail = "sandbox_error", f"unknown harness status {status!r}"
+        return TestVerdict(-1, verdict, wall, cpu, _truncate(str(detail), 600))
+    except Exception as e:  # pragma: no cover - a bug of the judge: this test's verdict only
+        log.exception("code_exec: judging failed")
+        return TestVerdict(-1, "sandbox_error", detail=_truncate(f"judging failed: {e!r}", 600))
 
 
 def _truncate(s: str, n: int = 200) -> str:
@@ -1146,13 +1362,14 @@ def run_tests(
         if plan.tier == "process" and not plan.root:  # RLIMIT_NPROC counts the caller's whole uid here
             cfg["max_procs"] = _count_own_tasks() + int(max_procs)
         token = os.urandom(8).hex()
+        nonce = os.urandom(_NONCE_BYTES).hex().encode()
         argv, kw = plan.command(uid, scratch, scratch_mb, token)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
-        ch = _Channel(proc, max_line=(int(max_output_mb) << 20) * 6 + (1 << 16))
+        ch = _Channel(proc, max_line=(int(max_output_mb) << 20) * 6 + (1 << 16), nonce=nonce)
         step = time_limit_s + GRACE_S
         try:
-            ch.send(cfg, time.monotonic() + STARTUP_S)
-            compiled = ch.recv(time.monotonic() + STARTUP_S + step)
+            ch.send(cfg, time.monotonic() + STARTUP_S, prefix=nonce)
+            compiled = _checked(ch.recv(time.monotonic() + STARTUP_S + step), "compiled", -1)
             if compiled.get("status") == "compile_error":
                 msg = _truncate(compiled.get("detail", ""), 600)
                 results = [TestVerdict(i, "compile_error", detail=msg) for i in range(len(cases))]
@@ -1162,16 +1379,20 @@ def run_tests(
                            for i in range(len(cases))]
             else:
                 for i, test in enumerate(cases):
-                    ch.send({"input": test.input, "testtype": test.testtype, "func_name": test.func_name},
+                    ch.send({"i": i, "input": test.input, "testtype": test.testtype, "func_name": test.func_name},
                             time.monotonic() + step)
-                    v = _judge(test, ch.recv(time.monotonic() + step))
+                    v = _judge(test, _checked(ch.recv(time.monotonic() + step), "result", i))
                     v.index = i
                     results.append(v)
                     if stop_at_first_failure and v.verdict != "pass":
                         break
-        except (TimeoutError, _SandboxGone, ValueError) as e:
+        except (TimeoutError, _SandboxGone, ValueError, RecursionError) as e:  # a malformed channel included
             code_ = proc.poll()
             detail = f"{e} (harness exit {code_}); harness stderr: {ch.stderr_tail()}".strip()
+            results.append(TestVerdict(len(results), "sandbox_error", detail=_truncate(detail, 600)))
+        except Exception as e:  # pragma: no cover - a bug here: this solution's verdict only
+            log.exception("code_exec: run failed")
+            detail = f"verifier error: {e!r}"
             results.append(TestVerdict(len(results), "sandbox_error", detail=_truncate(detail, 600)))
     except OSError as e:
         detail = f"could not start the sandbox: {e!r}"
@@ -1276,7 +1497,13 @@ def verify_many(
         if code is None:
             return Verdict([TestVerdict(i, "compile_error", detail="no code") for i in range(len(tests))],
                            _plan().tier, 0.0)
-        return run_tests(code, tests, **kw)
+        try:
+            return run_tests(code, tests, **kw)
+        except Exception as e:  # one solution's problem (e.g. a malformed test) never costs the batch
+            log.exception("code_exec: verifying one solution failed")
+            n = len(tests) if isinstance(tests, Sequence) else 1
+            return Verdict([TestVerdict(i, "sandbox_error", detail=_truncate(repr(e), 600)) for i in range(max(n, 1))],
+                           _plan().tier, 0.0, detail=repr(e))
 
     if n_workers == 1 or len(jobs) <= 1:
         return [one(j) for j in jobs]
@@ -1319,5 +1546,5 @@ def code_exec_score(response: str, gold: str) -> float:
 REWARD_SPECS.setdefault(
     "code_exec",
     RewardSpec(name="code_exec", extract=extract_code, judge=judge_code_exec, failure=CODE_EXEC_WRONG,
-               cache_tag="code_exec/v1"),
+               cache_tag="code_exec/v2"),  # v2: issue 21 (v1 verdicts may hold forged passes)
 )
