@@ -387,6 +387,8 @@ def _train_verl(a: argparse.Namespace, run, cfg: dict[str, Any], launcher=None) 
         if not paths.fmt(paths.RUN_METRICS, **fill).is_file():
             raise SystemExit(f"{run.key}: no metrics.jsonl in {run_dir}: the verl plug-in writes one line per step")
         tracker.log_artifact(run_paths.config_path)
+        if (run_dir / "token_credit.json").is_file():  # written by the plug-in for runs with credit or filters
+            tracker.log_artifact(run_dir / "token_credit.json")
     done = {"run_key": run.key, "engine": "verl", "steps_done": done_steps, "steps_requested": steps,
             "resumed_at": resumed_at, "seconds_this_attempt": time.perf_counter() - t0,
             "model_path": run_paths.model_path, "checkpoint": str(ckpt_dir / f"global_step_{done_steps}"),

@@ -100,3 +100,31 @@ def compose_credit(fns: list[tuple[Callable, dict]], inputs: CreditInputs, extra
 def no_credit(old_logp: Tensor) -> Tensor:
     """w_{i,t} = 1 for every token: plain GRPO/DAPO. Tensor[B, T] -> Tensor[B, T]."""
     return torch.ones_like(old_logp)
+
+
+class TokenCredit:
+    """Mean credit weight per generated token id over a run (DelTA's token clouds, Figure 4; ``token_credit.json``),
+    accumulated by either engine from each step's weights. ``sums``: Tensor[2, V] float64 (sum of weights; count),
+    grown when a larger token id arrives."""
+
+    def __init__(self, vocab: int = 0):
+        self.sums = torch.zeros(2, vocab, dtype=torch.float64)
+
+    def add(self, responses: Tensor, mask: Tensor, weights: Tensor) -> None:
+        """responses: Tensor[B, T] token ids; mask, weights: Tensor[B, T] (weights broadcastable, e.g. [B, 1])."""
+        valid = mask.bool().cpu()
+        ids = responses.cpu()[valid].long()
+        w = torch.broadcast_to(weights.detach().cpu(), valid.shape)[valid].double()
+        if ids.numel() and int(ids.max()) >= self.sums.shape[1]:
+            self.sums = torch.cat([self.sums, torch.zeros(2, int(ids.max()) + 1 - self.sums.shape[1],
+                                                          dtype=torch.float64)], 1)
+        self.sums[0].index_add_(0, ids, w)
+        self.sums[1].index_add_(0, ids, torch.ones_like(w))
+
+    def table(self, decode: Callable[[int], str], steps: int) -> dict:
+        """The token_credit.json object: every token seen, by mean weight (highest first)."""
+        sums, counts = self.sums
+        rows = [{"token": decode(i), "id": i, "count": int(counts[i]), "mean": float(sums[i] / counts[i])}
+                for i in torch.nonzero(counts > 0).flatten().tolist()]
+        rows.sort(key=lambda r: -r["mean"])
+        return {"tokens": rows, "n_tokens": int(counts.sum()), "steps": int(steps), "weight": "credit"}

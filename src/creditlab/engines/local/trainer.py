@@ -51,7 +51,8 @@ from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, group
                                       sign_counts)
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
-from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries
+from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, TokenCredit, compose_credit, credit_inputs_of,
+                                         method_entries)
 from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
 from creditlab.engines.local.batch import pack, response_forward
@@ -155,7 +156,7 @@ class Trainer:
         self.topk = max([int(kw.get("topk") or 0) for _, kw in self.credit_fns + self.token_filters] + [0])
         vocab = self.model.get_output_embeddings().weight.shape[0]
         # mean credit weight per token id over every valid generated token (DelTA's token clouds)
-        self.token_credit = torch.zeros(2, vocab, dtype=torch.float64)  # [sum of weights; count]
+        self.token_credit = TokenCredit(vocab)
         rb = t.get("reward_balance") or {}
         # reward-balanced batching (Paper C): groups wait in a buffer until a sign-balanced batch exists
         self.rb_buffer = (RewardBalancedBuffer(t["prompts_per_step"], rb["rho"], rb["max_age"])
@@ -178,7 +179,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "history": self.history,
-            "token_credit": self.token_credit,
+            "token_credit": self.token_credit.sums,
             "rb_buffer": None if self.rb_buffer is None else self.rb_buffer.state_dict(),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
@@ -195,7 +196,7 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.history = state["step"], state["history"]
-        self.token_credit = state.get("token_credit", self.token_credit)
+        self.token_credit.sums = state.get("token_credit", self.token_credit.sums)
         if self.rb_buffer is not None and state.get("rb_buffer") is not None:
             self.rb_buffer.load_state_dict(state["rb_buffer"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -350,7 +351,7 @@ class Trainer:
         adv_tok = (adv.to(self.device)[:, None] * weights).detach()
         loss_mask = mask * compose_credit(self.token_filters, inputs)
         t_credit = time.perf_counter() - t_c
-        self._accumulate_token_credit(batch.responses, mask, weights)
+        self.token_credit.add(batch.responses, mask, weights)
         # Paper D's concentration diagnostics of the per-token weights (before the advantage; Gini and EffN/T
         # are per-row scale free, so mean-1 and sum-1 weights read the same); with a reference pass, the
         # adapter residual ||h_t - h_t^base|| (ARCA's salience): mean / max, and its Gini against the random
@@ -447,19 +448,9 @@ class Trainer:
         fields = Rollouts.__dataclass_fields__
         return Rollouts(**{f: [x for p in chosen for x in getattr(p, f)] for f in fields}), stats
 
-    def _accumulate_token_credit(self, responses: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> None:
-        valid = mask.bool().cpu()
-        ids = responses[valid].cpu()
-        self.token_credit[0].index_add_(0, ids, weights.detach().cpu()[valid].double())
-        self.token_credit[1].index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
-
     def token_credit_table(self, decode: Callable[[int], str]) -> dict[str, Any]:
         """Mean credit weight per generated token (token_credit.json): DelTA's token clouds (Figure 4)."""
-        sums, counts = self.token_credit
-        rows = [{"token": decode(i), "id": i, "count": int(counts[i]), "mean": float(sums[i] / counts[i])}
-                for i in torch.nonzero(counts > 0).flatten().tolist()]
-        rows.sort(key=lambda r: -r["mean"])
-        return {"tokens": rows, "n_tokens": int(counts.sum()), "steps": self.step, "weight": "credit"}
+        return self.token_credit.table(decode, self.step)
 
     # ----------------------------------------------------------------------------- loop
     def fit(self) -> list[dict[str, float]]:

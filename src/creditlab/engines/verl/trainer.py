@@ -64,7 +64,7 @@ from creditlab.algos.batching import (
     sign_counts,
 )
 from creditlab.algos.credit.arca import weight_diagnostics
-from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, credit_inputs_of, method_entries
+from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, TokenCredit, credit_inputs_of, method_entries
 from creditlab.analysis.flipping import flip_fractions
 from creditlab.seeds import step_seed
 from creditlab.engines.verl.plugin import (
@@ -480,8 +480,14 @@ class CreditlabTrainer(PPOTrainerSync):
             syncs = server_syncs(0)
             metrics["creditlab/rollout_weight_syncs"] = len(syncs)
             metrics["creditlab/rollout_weights_checksum"] = syncs[-1]["checksum"] if syncs else 0.0
-        path = os.path.join(os.path.dirname(os.environ[ENV_RUN_CONFIG]), "metrics.jsonl")
-        append_metrics(path, metrics_line(global_steps, metrics))
+        run_dir = os.path.dirname(os.environ[ENV_RUN_CONFIG])
+        append_metrics(os.path.join(run_dir, "metrics.jsonl"), metrics_line(global_steps, metrics))
+        if self.has_credit:  # the mean credit weight per token so far, as the local engine writes it
+            table = self.token_credit.table(lambda i: self.tokenizer.decode([i]), global_steps)
+            tmp = os.path.join(run_dir, "token_credit.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(table, f)
+            os.replace(tmp, os.path.join(run_dir, "token_credit.json"))
         if getattr(self, "_save_due", False):  # the step's checkpoint, after its line (see _save_checkpoint)
             self._save_due = False
             self._save_checkpoint_now()
@@ -510,6 +516,7 @@ class CreditlabTrainer(PPOTrainerSync):
         self.worker_pass = bool(self.worker_credit or self.worker_filters or self.fused_ref)
         self.has_credit = bool(credit or filters or self.fused_ref)
         self.has_filters = bool(filters)
+        self.token_credit = TokenCredit()
         self.batching = t.get("batching", "random")
         self.qb, self.sequential = self.batching == "query_preserved", self.batching == "sequential"
         self.sign_partitioned = self.batching == "sign_partitioned"
@@ -668,6 +675,7 @@ class CreditlabTrainer(PPOTrainerSync):
                               rng=torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 20_000)))
         adv_new, loss_mask, w = fold_credit(inputs, self.driver_credit, self.driver_filters,
                                             get(OUT_WEIGHTS), get(OUT_FILTER))
+        self.token_credit.add(inputs.responses, mask, w)  # token_credit.json (DelTA's token clouds)
         out = {"advantages": response_to_nested(adv_new, mask_nt), SEQ_ADV: seq_adv}
         if self.has_filters:
             out[LOSS_MASK] = response_to_nested(loss_mask, mask_nt)
@@ -748,10 +756,17 @@ class CreditlabTrainer(PPOTrainerSync):
             tq.save_checkpoint(os.path.join(folder, "transfer_queue"), metadata={"global_steps": self.global_steps})
             with open(os.path.join(folder, "creditlab_rb.json"), "w") as f:
                 json.dump(self.replay_buffer.state_dict(), f)
+        if self.has_credit:  # the token-credit sums so far (a resumed run's token_credit.json covers every step)
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            torch.save(self.token_credit.sums, os.path.join(folder, "creditlab_token_credit.pt"))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
+        sums = os.path.join(self._step_folder(), "creditlab_token_credit.pt")
+        if self.global_steps > 0 and self.has_credit and os.path.exists(sums):
+            self.token_credit.sums = torch.load(sums)
         if isinstance(self.replay_buffer, RewardBalancedSampler) and self.global_steps > 0:
             folder = self._step_folder()
             if os.path.exists(os.path.join(folder, "creditlab_rb.json")):
