@@ -105,6 +105,71 @@ def test_extract_choice_is_linear_on_long_hostile_text():
     assert time.perf_counter() - t0 < 2.0
 
 
+HEDGED_BOXES = [
+    ("\\boxed{A} or \\boxed{B}", None),  # issue 21: read as B
+    ("The answer is \\boxed{A} or \\boxed{B}.", None),
+    ("$\\boxed{A}$ or $\\boxed{B}$", None),
+    ("\\boxed{A}, \\boxed{B}", None),
+    ("\\boxed{\\text{A}} / \\boxed{\\text{C}}", None),
+    ("\\boxed{A} and \\boxed{D}", None),
+    ("\\boxed{A}\\quad\\boxed{B}", None),
+    ("\\boxed{A or B}", None),  # one box, two letters
+    ("\\boxed{A, C}", None),
+    ("\\boxed{A} or B", None),
+    ("A or \\boxed{B}", None),
+    # not hedges: a correction after a sentence, a rejected option, one letter twice
+    ("\\boxed{A}. Wait, that ignores the spin; the answer is \\boxed{B}.", "B"),
+    ("The answer is \\boxed{C}, not D.", "C"),
+    ("\\boxed{A}\n\nFinal answer: \\boxed{A}", "A"),
+]
+
+
+@pytest.mark.parametrize("response, expected", HEDGED_BOXES)
+def test_two_boxed_letters_are_a_hedge(response, expected):
+    assert extract_choice(response, 4) == expected
+    if expected is None:
+        assert multiple_choice_score(response, "A") == multiple_choice_score(response, "B") == 0.0
+
+
+def _python_line_events(fn, *args) -> int:
+    """Python lines executed by ``fn(*args)``: an operation count, independent of the machine's load."""
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+@pytest.mark.parametrize(
+    "unit", ["\\boxed{", "answer: \\boxed{(", "\\boxed{\\text{", "\\boxed{A} or ", "{\\boxed{x}", "A) x\nB) y\n(C) "]
+)
+def test_extract_choice_work_is_linear_in_the_response(unit):
+    """Issue 21: 700 KB of repeated ``\\boxed{`` took over 2 s (each box scanned 256 characters ahead, about
+    180 Python lines per character; a restated option list with many letters was quadratic). Counted in
+    Python lines executed, not seconds: at most 10 per character, and 4x the text is at most 4.5x the work."""
+    small, big = unit * 250, unit * 1000
+    n_small, n_big = _python_line_events(extract_choice, small, 4), _python_line_events(extract_choice, big, 4)
+    assert n_big <= 10 * len(big), (n_big, len(big))
+    assert n_big <= 4.5 * n_small, (n_small, n_big)
+
+
+def test_extract_choice_on_700kb_of_unclosed_boxes():
+    junk = "\\boxed{" * 100_000  # 700 KB (no wall-clock assertion: the suite's timeout bounds it)
+    assert extract_choice(junk, 4) is None
+    assert extract_choice(junk + " so the answer is \\boxed{C}", 4) == "C"
+    assert extract_choice("\\boxed{A} " * 50_000 + "or \\boxed{B}", 4) is None
+
+
 # ---------------------------------------------------------------------------- shuffling
 
 

@@ -28,6 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Callable
 
 from creditlab.algos.registry import register
+from creditlab.rewards.math_exact import exact_numbers, rewrite_scientific
 
 # ----------------------------------------------------------------------------------------------
 # Extraction
@@ -136,21 +137,27 @@ DAPO_CORRECT, DAPO_WRONG = 1.0, -1.0
 
 
 def judge_math_verify(answer: str, gold: str, internal_timeout: int | None = None) -> float:
-    """1.0 if math-verify judges ``answer`` equal to ``gold`` (both read as LaTeX), else 0.0.
+    """1.0 if math-verify judges ``answer`` equal to ``gold`` (both read as LaTeX), with exact numbers, else 0.0.
 
     Both sides are wrapped in ``\\boxed{}`` and parsed with math-verify's default extraction
-    (LaTeX, then plain expressions), so ``61`` == ``61.0`` and ``\\frac{1}{2}`` == ``0.5``.
+    (LaTeX, then plain expressions), so ``61`` == ``61.0``, ``\\frac{1}{2}`` == ``0.5``, reordered sums,
+    sets and intervals match. Numbers are compared exactly, not with math-verify's default tolerance
+    (:mod:`creditlab.rewards.math_exact`): ``\\frac{1}{2004!}`` is not ``\\frac{1}{2006!}``, ``0.0000002`` is
+    not ``0.0000001``; a decimal answer matches a gold without a finite decimal expansion (``\\pi``,
+    ``\\frac{1}{3}``) only as its correct rounding to at least 6 significant digits. Scientific notation
+    (``1e308``) is read as a power of ten, not as Euler's e.
     ``internal_timeout`` is math-verify's own ``signal.alarm`` timeout (seconds; None disables it).
     It only works in the main thread and cannot interrupt C-level big-number arithmetic: the
     :class:`~creditlab.rewards.scorer.RewardScorer` disables it and enforces a hard timeout instead.
     """
     from math_verify import parse, verify
 
-    gold_parsed = parse(BOXED + gold + "}", parsing_timeout=internal_timeout)
-    pred_parsed = parse(BOXED + answer + "}", parsing_timeout=internal_timeout)
+    gold_parsed = parse(BOXED + rewrite_scientific(gold) + "}", parsing_timeout=internal_timeout)
+    pred_parsed = parse(BOXED + rewrite_scientific(answer) + "}", parsing_timeout=internal_timeout)
     if not gold_parsed or not pred_parsed:
         return MATH_VERIFY_WRONG
-    ok = verify(gold_parsed, pred_parsed, timeout_seconds=internal_timeout)
+    with exact_numbers(answer):
+        ok = verify(gold_parsed, pred_parsed, timeout_seconds=internal_timeout)
     return MATH_VERIFY_CORRECT if ok else MATH_VERIFY_WRONG
 
 
@@ -219,7 +226,7 @@ REWARD_SPECS: dict[str, RewardSpec] = {
         extract=extract_last_boxed,
         judge=judge_math_verify,
         failure=MATH_VERIFY_WRONG,
-        cache_tag=f"math_verify/v1/math-verify=={_package_version('math-verify')}",
+        cache_tag=f"math_verify/v2-exact/math-verify=={_package_version('math-verify')}",
     ),
     "dapo_answer": RewardSpec(
         name="dapo_answer",

@@ -37,8 +37,13 @@ that corrects itself is scored on its final word; also the rule of our math rewa
 Rules shared by both tiers [ours]:
 
 * the last candidate of the first tier that has one decides; if that candidate is out of range
-  (a letter at or beyond ``n_options``) or hedged (``A or B``, ``A/B``, ``A and B``) the response has
-  no answer (None): we never fall back to an earlier letter the model moved away from;
+  (a letter at or beyond ``n_options``) or hedged (``A or B``, ``A/B``, ``A and B``, also decorated:
+  ``\\boxed{A} or \\boxed{B}``, ``$A$ or \\text{B}``; two boxes with different letters and only
+  punctuation between them, ``\\boxed{A}, \\boxed{B}``; one box with several letters, ``\\boxed{A or B}``)
+  the response has no answer (None): we never fall back to an earlier letter the model moved away from;
+  a box after a sentence (``\\boxed{A}. Wait, it is \\boxed{B}``) is a correction, not a hedge;
+* extraction is linear in the response: one pass over its braces finds every ``\\boxed{}`` (700 KB of
+  unclosed ``\\boxed{`` included), and only the deciding candidate is examined for hedges;
 * lower case letters count only in tier 1 and only when unambiguous: directly after an answer
   statement and followed by punctuation or the end of the text (``answer: d``, ``answer is (c)``),
   never when a word follows (``the answer is a little tricky``); ``\\boxed{c}`` counts;
@@ -58,12 +63,13 @@ from __future__ import annotations
 
 import random
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from creditlab.algos.registry import register
 from creditlab.rewards.math_verify_reward import BOXED as _BOXED
-from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec, boxed_content_at
+from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec
 from creditlab.seeds import derive_seed
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -104,9 +110,22 @@ _PRONOUN_AFTER = re.compile(
     r"suspect|assume|chose|choose|pick|select|get|got|did|do|see|agree)\b",
     re.IGNORECASE,
 )
-# hedges around the candidate letter
-_HEDGE_AFTER = re.compile(r"\s*[)*$}]*\s*(?:\bor\b|\band\b|/)\s*[(*$]*\s*[A-Z](?![A-Za-z0-9])", re.IGNORECASE)
-_HEDGE_BEFORE = re.compile(r"(?<![A-Za-z0-9])[A-Z]\)?\s*(?:\bor\b|\band\b|/)\s*\(?$", re.IGNORECASE)
+# hedges around the candidate letter: "A or B", "(A)/(B)", "\\boxed{A} or \\boxed{B}", "A or \\boxed{B}"
+_HEDGE_OPEN = r"(?:\s|[(*$\[{]|\\boxed\{|\\text(?:bf)?\{|\\math(?:rm|bf)\{|\\\(|\\\[)*"
+_HEDGE_CLOSE = r"(?:\s|[)*$}\]]|\\\)|\\\])*"
+_HEDGE_WORD = r"(?:\bor\b|\band\b|/)"
+_HEDGE_AFTER = re.compile(_HEDGE_CLOSE + _HEDGE_WORD + _HEDGE_OPEN + r"[A-Z](?![A-Za-z0-9])", re.IGNORECASE)
+_HEDGE_BEFORE = re.compile(
+    r"(?<![A-Za-z0-9])[A-Z]" + _HEDGE_CLOSE + _HEDGE_WORD + _HEDGE_OPEN + "$", re.IGNORECASE
+)
+# a box holding two or more option letters: "\\boxed{A or B}", "\\boxed{A/B}", "\\boxed{A, C}" (not "\\boxed{x, y}")
+_BOXED_HEDGE = re.compile(r"^\(?[A-Z]\)?(?:\s*(?:,|/|&|\b(?i:or|and)\b)\s*\(?[A-Z]\)?)+$")
+# what may separate two boxed letters that are both final answers: "\\boxed{A}, \\boxed{B}",
+# "\\boxed{A}\\quad\\boxed{B}", "\\boxed{A} \\text{or} \\boxed{B}"
+_BOX_GAP_HEDGE = re.compile(
+    r"(?:[^A-Za-z0-9]|\bor\b|\band\b|\beither\b|\\quad|\\qquad|\\text|\\\w+space)*", re.IGNORECASE
+)
+_BOX_GAP_MAX = 48
 
 # tier 2 (upper case only)
 _PAREN_LETTER = re.compile(r"(?<![A-Za-z0-9])\((?P<letter>[A-Z])\)")
@@ -124,28 +143,53 @@ class _Candidate(NamedTuple):
 
 
 _MAX_BOXED_CHARS = 256
-"""A box holding an option is short: scan at most this far for its closing brace [ours] (keeps
-extraction linear on responses full of unclosed ``\\boxed{``)."""
+"""A box holding an option is short: longer ones are not read as a letter [ours]."""
+
+_BRACE_TOKENS = re.compile(r"\\boxed\{|\\.|[{}]", re.DOTALL)
 
 
-def _boxed_contents(text: str) -> list[tuple[int, str]]:
-    """``(position, content)`` of every ``\\boxed{...}`` with balanced braces (unclosed ones skipped)."""
+class _Box(NamedTuple):
+    start: int  # where ``\\boxed{`` begins
+    end: int  # one past its closing brace
+    content: str
+
+
+def _boxed_contents(text: str) -> list[_Box]:
+    """Every ``\\boxed{...}`` with balanced braces and content shorter than ``_MAX_BOXED_CHARS``, in order.
+
+    One left-to-right pass over the braces (a stack of the open ones), so linear in the text whatever
+    it holds, e.g. 100,000 unclosed ``\\boxed{`` [ours]. Brace rules of
+    :func:`~creditlab.rewards.math_verify_reward.boxed_content_at`: a backslash escapes the next character.
+    """
     out = []
-    start = text.find(_BOXED)
-    while start >= 0:
-        content = boxed_content_at(text, start, _MAX_BOXED_CHARS)
-        if content is not None:
-            out.append((start, content))
-        start = text.find(_BOXED, start + 1)
+    stack: list[int] = []  # open braces: the start of a box, or -1 for a plain brace
+    for m in _BRACE_TOKENS.finditer(text):
+        token = m.group()
+        if token == "{":
+            stack.append(-1)
+        elif token == "}":
+            if stack:
+                start = stack.pop()
+                content_start = start + len(_BOXED)
+                if start >= 0 and m.start() - content_start < _MAX_BOXED_CHARS:
+                    out.append(_Box(start, m.end(), text[content_start : m.start()]))
+        elif token == _BOXED:
+            stack.append(m.start())
+        # else an escaped character: \{ and \} are content, not braces
+    out.sort()  # an inner box closes before the box around it
     return out
+
+
+def _unwrap_box(content: str) -> str:
+    inner = content
+    for _ in range(3):  # unwrap nested \text{\textbf{C}}
+        inner = _TEXT_WRAPPER.sub(r"\1", inner)
+    return inner.replace("$", "").replace("*", "").strip()
 
 
 def _boxed_letter(content: str) -> str | None:
     """The option letter a ``\\boxed{}`` holds: ``C``, ``(C)``, ``\\text{C}``, ``C) text``; else None."""
-    inner = content
-    for _ in range(3):  # unwrap nested \text{\textbf{C}}
-        inner = _TEXT_WRAPPER.sub(r"\1", inner)
-    inner = inner.replace("$", "").replace("*", "").strip()
+    inner = _unwrap_box(content)
     m = _BOXED_BARE.match(inner)
     if m:  # "\boxed{c}": a lone letter, either case
         return m.group("letter")
@@ -155,25 +199,56 @@ def _boxed_letter(content: str) -> str | None:
     return None
 
 
+def _boxed_hedge(content: str) -> bool:
+    """True for a box that holds several letters: ``A or B``, ``A/B``, ``(A), (C)``."""
+    return bool(_BOXED_HEDGE.match(_unwrap_box(content)))
+
+
 def _hedged(text: str, start: int, end: int) -> bool:
     # lookbehinds see before ``pos`` and ``$`` matches at ``endpos``: search only the 24 chars before
     return bool(_HEDGE_AFTER.match(text, end) or _HEDGE_BEFORE.search(text, max(0, start - 24), start))
 
 
-def _tier1(text: str) -> list[_Candidate]:
-    cands = []
+def _tier1(text: str) -> _Candidate | None:
+    """The last explicit answer (statement or ``\\boxed{}``); only its hedging is examined (linear)."""
+    last: tuple[int, str, int] | None = None  # (letter position, letter, end)
     for m in _TIER1_STATEMENT.finditer(text):
         letter, start, end = m.group("letter"), m.start("letter"), m.end("letter")
         if letter.islower() and not _LOWER_OK_AFTER.match(text, end):
             continue  # "the answer is a little tricky"
         if letter in "Ii" and _PRONOUN_AFTER.match(text, end):
             continue  # "Answer: I think it is B"
-        cands.append(_Candidate(start, letter, _hedged(text, start, end)))
-    for pos, content in _boxed_contents(text):
-        letter = _boxed_letter(content)
-        if letter is not None:
-            cands.append(_Candidate(pos + len(_BOXED), letter, False))
-    return cands
+        last = (start, letter, end)
+    box = _last_boxed_candidate(text)
+    if last is not None and (box is None or last[0] > box.pos):
+        return _Candidate(last[0], last[1], _hedged(text, last[0], last[2]))
+    return box
+
+
+def _last_boxed_candidate(text: str) -> _Candidate | None:
+    """The last ``\\boxed{}`` that holds a letter (or several: a hedge), with its hedging."""
+    boxes = _boxed_contents(text)
+    for k in range(len(boxes) - 1, -1, -1):
+        box = boxes[k]
+        pos = box.start + len(_BOXED)
+        if _boxed_hedge(box.content):  # "\boxed{A or B}": an answer, but two letters
+            return _Candidate(pos, "?", True)
+        letter = _boxed_letter(box.content)
+        if letter is None:
+            continue
+        hedged = _hedged(text, pos, box.end) or (k > 0 and _boxes_hedge(text, boxes[k - 1], box, letter))
+        return _Candidate(pos, letter, hedged)
+    return None
+
+
+def _boxes_hedge(text: str, prev: _Box, box: _Box, letter: str) -> bool:
+    """``prev`` holds another letter and only punctuation or "or"/"and" stand between the two boxes."""
+    if box.start < prev.end or box.start - prev.end > _BOX_GAP_MAX:
+        return False
+    prev_letter = _boxed_letter(prev.content)
+    if prev_letter is None or prev_letter.upper() == letter.upper():
+        return False
+    return _BOX_GAP_HEDGE.fullmatch(text, prev.end, box.start) is not None
 
 
 def _enumeration_spans(text: str) -> list[tuple[int, int]]:
@@ -198,22 +273,27 @@ def _enumeration_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _tier2(text: str) -> list[_Candidate]:
-    enum_spans = _enumeration_spans(text)
+def _tier2(text: str) -> _Candidate | None:
+    """The last bare letter form outside a restated option list; only its hedging is examined."""
+    enum_spans = _enumeration_spans(text)  # sorted, disjoint
+    enum_starts = [lo for lo, _ in enum_spans]
 
-    def in_enumeration(pos: int) -> bool:
-        return any(lo <= pos < hi for lo, hi in enum_spans)
+    def in_enumeration(pos: int) -> bool:  # a bisection: linear overall even with many lines and letters
+        k = bisect_right(enum_starts, pos) - 1
+        return k >= 0 and pos < enum_spans[k][1]
 
-    cands = []
+    last: tuple[int, str, int] | None = None  # (letter position, letter, end); the first pattern wins ties
     for pattern in (_PAREN_LETTER, _BOLD_LETTER, _LINE_LABEL, _FINAL_LETTER):
         for m in pattern.finditer(text):
             start, end = m.start("letter"), m.end("letter")
+            if last is not None and start <= last[0]:
+                continue
             if in_enumeration(start):
                 continue
             if m.group("letter") == "I" and _PRONOUN_AFTER.match(text, end):
                 continue
-            cands.append(_Candidate(start, m.group("letter"), _hedged(text, start, end)))
-    return cands
+            last = (start, m.group("letter"), end)
+    return None if last is None else _Candidate(last[0], last[1], _hedged(text, last[0], last[2]))
 
 
 def extract_choice(response: str, n_options: int = DEFAULT_N_OPTIONS) -> str | None:
@@ -236,10 +316,9 @@ def extract_choice(response: str, n_options: int = DEFAULT_N_OPTIONS) -> str | N
     if not response:
         return None
     for tier in (_tier1, _tier2):
-        cands = tier(response)
-        if not cands:
+        last = tier(response)
+        if last is None:
             continue
-        last = max(cands, key=lambda c: c.pos)
         if last.hedged:
             return None
         letter = last.letter.upper()

@@ -167,16 +167,30 @@ class _SqliteCache:
         )
         self.db.commit()
 
+    @staticmethod
+    def _key(text: str) -> str | bytes:
+        """``text`` as stored: itself, or, when it holds a lone surrogate (``"\\ud800"``, which UTF-8 and
+        so SQLite's TEXT cannot hold), its ``surrogatepass`` bytes as a BLOB. A BLOB never equals a TEXT
+        in SQLite, and those bytes are not valid UTF-8, so no such key meets an ordinary one (unlike a
+        ``backslashreplace`` spelling, which is the 6-character text ``\\ud800``)."""
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "surrogatepass")
+
     def get(self, answer: str, gold: str) -> float | None:
         row = self.db.execute(
-            "SELECT score FROM scores WHERE reward=? AND answer=? AND gold=?", (self.tag, answer, gold)
+            "SELECT score FROM scores WHERE reward=? AND answer=? AND gold=?",
+            (self.tag, self._key(answer), self._key(gold)),
         ).fetchone()
         return None if row is None else float(row[0])
 
     def put_many(self, items: list[tuple[str, str, float]]) -> None:
         if items:
             self.db.executemany(
-                "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?)", [(self.tag, a, g, s) for a, g, s in items]
+                "INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?)",
+                [(self.tag, self._key(a), self._key(g), s) for a, g, s in items],
             )
             self.db.commit()
 
