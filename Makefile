@@ -54,7 +54,7 @@ smoke: install
 		'tables=[$(SMOKE_TABLES)]'
 
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --timeout=900 --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --timeout=2400 --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not e2e"

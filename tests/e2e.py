@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-def _snakemake(*args: str, results: Path, timeout: int = 900, papers: str = "dlogp") -> subprocess.CompletedProcess:
+def _snakemake(*args: str, results: Path, timeout: int = 2400, papers: str = "dlogp") -> subprocess.CompletedProcess:
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # own working directory: no lock shared with a user's run in the repository

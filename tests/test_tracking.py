@@ -160,11 +160,12 @@ def test_find_run_id_and_attach(results: Path, tmp_path: Path, client) -> None:
     assert created.data.tags["method"] == "base" and created.info.status == "FINISHED"
 
 
+@pytest.mark.timeout(120)  # a hang on the unreachable server fails here (no wall-clock assertion)
 def test_unreachable_server_falls_back_offline(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     uri = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    began = time.monotonic()
+
     with pytest.warns(RuntimeWarning, match=re.escape(uri)) as record:
         tracker = Tracker.start(tmp_path, "paper-a", "tiny/tiny-s/off/s0", "off",
                                 {"method": "dapo"}, {"trainer": {"lr": 1e-6}}, tmp_path / "run")
@@ -172,7 +173,6 @@ def test_unreachable_server_falls_back_offline(tmp_path: Path,
         tracker.log_metrics({"reward_mean": 0.6}, step=4)
         tracker.set_tags({"note": "x"})
         tracker.end("FINISHED")
-    assert time.monotonic() - began < 5.0
     assert len(record) == 1  # warned once
     assert tracker.offline and tracker.run_id is None
     lines = [json.loads(x) for x in (tmp_path / "run" / OFFLINE_FILE).read_text().splitlines()]
