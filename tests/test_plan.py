@@ -224,3 +224,13 @@ def test_out_of_range_values_are_refused_at_plan_time_naming_the_key(tmp_path, o
     cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(overrides=[override]))
     with pytest.raises(PlanError, match=r"micro/micro-\w/dapo-ds/s0: " + needle):
         build_plan(PIPE, cfg_dir)
+
+
+def test_a_fixed_k_metric_above_the_runs_eval_k_is_refused_at_plan_time(tmp_path):
+    """A table column reading pass@N of runs whose evaluation draws fewer than N samples would fail in the table job
+    (ValueError at build time): the plan refuses it before any job, naming the table, the metric and the run."""
+    def edit(d):
+        d["tables"]["main"]["columns"].append({"name": "P64", "benchmark": "AIME24", "metric": "pass@64"})
+    cfg_dir = _configs_with(tmp_path, edit)
+    with pytest.raises(PlanError, match=r"table 'main' reads pass@64 of run 'micro/.*eval\.k=\d+"):
+        build_plan(PIPE, cfg_dir)

@@ -303,18 +303,18 @@ def combination_overrides(scale: str, backbone: str, method: str, combine: Itera
             f"method.token_filter={hydra_value(filters)}")
 
 
-def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, list[str] | None]:
+def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
     """Compose every run's config and check its registered names (PlanError naming the key / the choices).
 
     The same composition as `run_config` (`creditlab.config_compose.CachedComposer`: Hydra's defaults tree merged
     once per distinct group choice, each run's value overrides applied by Hydra's own routine), so that the whole
-    DAG (70-110 runs) is checked in seconds before any job starts. Returns each run's evaluation suites from its
-    data config (``data.suites``: the tiny world's suites, or at paper scale the catalogue configs/suites/paper.yaml;
-    None where a data config has none).
+    DAG (70-110 runs) is checked in seconds before any job starts. Returns, per run key, ``suites``: its evaluation
+    suites from its data config (``data.suites``: the tiny world's suites, or at paper scale the catalogue
+    configs/suites/paper.yaml; None where a data config has none) and ``eval_k``: its samples per question.
     """
     from creditlab.config_compose import CachedComposer
 
-    suites: dict[str, list[str] | None] = {}
+    facts: dict[str, dict[str, Any]] = {}
     with CachedComposer(config_dir, "run") as composer:
         for run in runs:
             cfg = _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
@@ -324,8 +324,9 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
                 check_registered(cfg, run.key)
                 check_verl_run(cfg, run.key)
             data_suites = (cfg.get("data") or {}).get("suites")
-            suites[run.key] = list(data_suites) if data_suites is not None else None
-    return suites
+            facts[run.key] = {"suites": list(data_suites) if data_suites is not None else None,
+                              "eval_k": int((cfg.get("eval") or {}).get("k", 1))}
+    return facts
 
 
 RUN_SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "run.schema.yaml"
@@ -370,15 +371,27 @@ def check_verl_run(cfg: dict[str, Any], key: str) -> None:
         raise PlanError(f"{key}: the verl engine would refuse this run at its first step: {e}") from None
 
 
-def check_table_suites(plan: Plan, run_suites: dict[str, list[str] | None]) -> None:
+def check_table_suites(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None:
     """Every suite a table reads (its benchmarks' stand-ins at this scale) is one its runs' data config prepares
-    (``data.suites``; runs whose data config has none are not checked here): PlanError naming the paper, the
-    table, the suite and the valid choices, before any job starts (every table buildable at the scale, chosen by
-    `tables` or not: each can be built as a target)."""
+    (``data.suites``; runs whose data config has none are not checked here), and every metric with a fixed sample
+    count a table reads (``pass@4``) fits its runs' ``eval.k``: PlanError naming the paper, the table, the suite or
+    metric and the valid choices, before any job starts (every table buildable at the scale, chosen by `tables` or
+    not: each can be built as a target)."""
+    import re
+
     for paper, table in plan.buildable_tables:
+        spec = plan.papers[paper]
+        fixed = [(m, int(n.group(1))) for col in spec.columns_at(table, plan.scale)
+                 for _, m in spec.leaves_at(table, col, plan.scale)[0] if (n := re.fullmatch(r"\w+@(\d+)", m))]
+        for run, _ in plan.table_evals(paper, table):
+            k = run_facts.get(run.key, {}).get("eval_k")
+            for metric, n in fixed:
+                if k is not None and n > k:
+                    raise PlanError(f"paper {paper!r} table {table!r} reads {metric} of run {run.key!r}, whose "
+                                    f"evaluation draws eval.k={k} samples per question (a {metric} needs {n})")
         wanted = plan.table_suites(paper, table)
         for run, _ in plan.table_evals(paper, table):
-            have = run_suites.get(run.key)
+            have = (run_facts.get(run.key) or {}).get("suites")
             missing = [s for s in wanted if have is not None and s not in have]
             if missing:
                 raise PlanError(f"paper {paper!r} table {table!r} reads suite(s) {missing} at scale {plan.scale!r}, "
