@@ -13,6 +13,7 @@ returns "cpu"). What does not run here: verl's Ray worker group, FSDP, vLLM (GPU
 from __future__ import annotations
 
 import threading
+import itertools
 import uuid
 from types import SimpleNamespace
 
@@ -524,13 +525,22 @@ def transfer_queue():
     ray.shutdown()
 
 
+_UIDS = itertools.count(1)
+
+
+def _next_uid() -> str:
+    """A prompt uid as verl makes them (uuid hex), but from a counter: the trainer orders batches by content (their
+    prompts are made from the uid), so random uids would make the tests' batch orders random."""
+    return uuid.UUID(int=next(_UIDS) * 0x9E3779B97F4A7C15 % (1 << 128)).hex
+
+
 def _put_group(tq, rewards, step, partition="train", seq_lens=None):
     """One finished prompt group in TransferQueue as verl's agent loop writes it: trajectories
     ``{uid}_{session}_0`` (rm_scores with the reward on the last token, uid, response fields) and the prompt
     key ``{uid}`` tagged finished."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    uid = uuid.uuid4().hex
+    uid = _next_uid()
     keys, fields, tags = [], [], []
     for s, r in enumerate(rewards):
         L = 3 + s if seq_lens is None else seq_lens[s]
@@ -773,7 +783,7 @@ def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):
     Returns (keys in TransferQueue's order, their tags)."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    uids = [uuid.uuid4().hex for _ in range(n_groups)]
+    uids = [_next_uid() for _ in range(n_groups)]
     order = [(g, s) for s in range(GROUP) for g in range(n_groups)]  # round robin over the groups
     perm = torch.randperm(len(order), generator=generator).tolist()
     order = [order[i] for i in perm[: len(order) // 3]] + [order[i] for i in sorted(perm[len(order) // 3:])]
