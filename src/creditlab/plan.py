@@ -237,7 +237,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
                                 f"in paper {pname!r}); rename one")
     plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
-        check_table_suites(plan, validate_runs(plan.runs.values(), config_dir))
+        check_table_inputs(plan, validate_runs(plan.runs.values(), config_dir))
     return plan
 
 
@@ -371,7 +371,7 @@ def check_verl_run(cfg: dict[str, Any], key: str) -> None:
         raise PlanError(f"{key}: the verl engine would refuse this run at its first step: {e}") from None
 
 
-def check_table_suites(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None:
+def check_table_inputs(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None:
     """Every suite a table reads (its benchmarks' stand-ins at this scale) is one its runs' data config prepares
     (``data.suites``; runs whose data config has none are not checked here), and every metric with a fixed sample
     count a table reads (``pass@4``) fits its runs' ``eval.k``: PlanError naming the paper, the table, the suite or
