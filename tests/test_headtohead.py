@@ -140,7 +140,8 @@ def test_the_trainer_refuses_what_the_plan_refuses(tmp_path):
         make_trainer("dfpo", tmp_path, ["trainer.batching=random", "trainer.mini_batches=2"])
 
 
-@pytest.mark.parametrize("name", ["random", "sequential", "token_balanced", "query_preserved", "sign_partitioned"])
+@pytest.mark.parametrize("name", ["random", "sequential", "token_balanced", "verl_default", "query_preserved",
+                                  "sign_partitioned"])
 def test_keeps_groups_whole_agrees_with_the_batchings(name):
     """Where keeps_groups_whole says so, the batching never splits a group (and where it says not, it does for some
     batch): checked on the registered functions themselves."""
@@ -151,8 +152,8 @@ def test_keeps_groups_whole_agrees_with_the_batchings(name):
         for s in range(20):
             gen = torch.Generator().manual_seed(s)
             adv = torch.randn(P * G, generator=gen)
-            mbs = call_batching(fn, gids, M, gen, lengths=torch.randint(1, 30, (P * G,), generator=gen),
-                                advantages=adv, n_ranks=1)
+            lengths = torch.randint(1, 30, (P * G,), generator=gen)
+            mbs = call_batching(fn, gids, M, gen, lengths=lengths, seq_lengths=lengths + 5, advantages=adv, n_ranks=2)
             split.append(groups_split_frac(mbs, gids))
         if keeps_groups_whole(name, P, M):
             assert max(split) == 0, (name, P, G, M)

@@ -3,7 +3,8 @@ reward-balanced buffer (Paper C, "The Cancellation Hypothesis", SPEC.md "Paper C
 
 A batching function takes ``group_ids: Tensor[B]`` (prompt of each rollout), the number of
 mini-batches M and a ``torch.Generator``; those that need them also name ``lengths: Tensor[B]``
-(response tokens per rollout), ``advantages: Tensor[B]`` and ``n_ranks: int`` (data-parallel ranks)
+(response tokens per rollout), ``seq_lengths: Tensor[B]`` (prompt + response tokens), ``advantages: Tensor[B]``
+and ``n_ranks: int`` (data-parallel ranks)
 as keyword parameters, and the engine passes what a function names (:func:`call_batching`).
 It returns M index tensors that partition ``range(B)``: every rollout is used exactly once per
 epoch. The token-count partitions also exist per data-parallel rank (:func:`partition_bins`:
@@ -11,14 +12,16 @@ epoch. The token-count partitions also exist per data-parallel rank (:func:`part
 each mini-batch in one process.
 
 Why it matters (Paper C): GRPO's group advantages sum to zero within a prompt, so the gradient
-directions the rollouts of a prompt share cancel when they are in one update. Engines cut the
-rollout batch into mini-batches at random or by token count (verl's ``balance_batch``), which
-scatters a group over several optimizer steps (:func:`random_minibatches`,
-:func:`token_balanced_minibatches`); :func:`query_preserved_minibatches` keeps every group whole.
+directions the rollouts of a prompt share cancel when they are in one update. verl, the papers' engine,
+balances workload over data-parallel ranks and cuts each rank's rows into contiguous mini-batches
+(:func:`verl_default_minibatches`, the baseline), which splits some groups across optimizer steps; a shuffle
+(:func:`random_minibatches`) or a per-rollout token balance (:func:`token_balanced_minibatches`) splits nearly
+all; :func:`query_preserved_minibatches` keeps every group whole. Every engine logs ``groups_split_frac``.
 """
 
 from __future__ import annotations
 
+import heapq
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -30,9 +33,10 @@ from creditlab.algos.registry import register
 
 
 def call_batching(fn: Callable, group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                  lengths: Tensor | None = None, advantages: Tensor | None = None, n_ranks: int = 1) -> list[Tensor]:
-    """Call a registered batching function with the context it names (lengths, advantages, n_ranks)."""
-    ctx = {"lengths": lengths, "advantages": advantages, "n_ranks": n_ranks}
+                  lengths: Tensor | None = None, seq_lengths: Tensor | None = None, advantages: Tensor | None = None,
+                  n_ranks: int = 1) -> list[Tensor]:
+    """Call a registered batching function with the context it names (lengths, seq_lengths, advantages, n_ranks)."""
+    ctx = {"lengths": lengths, "seq_lengths": seq_lengths, "advantages": advantages, "n_ranks": n_ranks}
     params = inspect.signature(fn).parameters
     kwargs = {k: v for k, v in ctx.items() if k in params}
     missing = [k for k, v in kwargs.items() if v is None]
@@ -43,10 +47,10 @@ def call_batching(fn: Callable, group_ids: Tensor, n_minibatches: int, generator
 
 @register("batching", "random")
 def random_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator) -> list[Tensor]:
-    """Shuffle rollouts, then cut into ``n_minibatches`` near-equal chunks.
+    """Shuffle rollouts, then cut into ``n_minibatches`` near-equal chunks [ours].
 
-    The local engine's default order (as most RL frameworks do), so the rollouts of one prompt
-    generally land in different optimizer steps.
+    The rollouts of one prompt generally land in different optimizer steps (not the papers' engine order:
+    :func:`verl_default_minibatches`).
     """
     perm = torch.randperm(group_ids.numel(), generator=generator)
     return [chunk for chunk in torch.tensor_split(perm, n_minibatches) if chunk.numel()]
@@ -109,6 +113,82 @@ def partition_bins(group_ids: Tensor, lengths: Tensor, n_minibatches: int, n_ran
     return [nested[m] for m in order]
 
 
+VERL_PADDING_SEQ_LEN = 128
+"""Sequence length verl 0.9.1 gives the synthetic no-op rollouts it appends so that a batch divides evenly
+(``verl.trainer.ppo.padding_utils.SYNTHETIC_PADDING_SEQ_LEN``) [code]."""
+
+
+def verl_workload(seq_lengths: Tensor) -> Tensor:
+    """verl's attention-FLOP proxy of a sequence of L = prompt + response tokens: 24576 L + L^2
+    (``verl.utils.seqlen_balancing.calculate_workload``, calibrated for hidden size 4096) [code]. Tensor[B] int64."""
+    L = seq_lengths.to(torch.int64)
+    return 24576 * L + L * L
+
+
+def ldm_partitions(loads: list[int], k: int) -> list[list[int]]:
+    """Karmarkar-Karp's largest differencing method, k-way with equal cardinality: the partition verl 0.9.1's
+    ``get_seqlen_balanced_partitions(loads, k, equal_size=True)`` returns (tests/test_batching.py checks equality).
+
+    Items sorted by (load, index) ascending are taken k at a time; each k-tuple is a state of k one-item sets.
+    Repeatedly the two states of largest spread (max set sum - min set sum; ties: the larger top set, sets
+    compared by (sum, size, items)) are merged, set i of the one with set k-1-i of the other (largest with
+    smallest), until one state is left. Needs len(loads) % k == 0. Returns k lists of indices, each sorted,
+    in the final state's order (largest sum first).
+    """
+    n = len(loads)
+    if k < 1 or n < k or n % k:
+        raise ValueError(f"equal-size partition of {n} items into {k} sets is impossible")
+
+    def ordered(sets: list[tuple[int, list]]) -> list[tuple[int, list]]:
+        return sorted(sets, key=lambda s: (s[0], len(s[1]), s[1]), reverse=True)
+
+    class _State:  # heap order: largest spread first, then the larger top set
+        __slots__ = ("sets",)
+
+        def __init__(self, sets: list[tuple[int, list]]) -> None:
+            self.sets = ordered(sets)
+
+        def key(self) -> tuple:
+            top = self.sets[0]
+            return (self.sets[0][0] - self.sets[-1][0], (top[0], len(top[1]), top[1]))
+
+        def __lt__(self, other: "_State") -> bool:
+            return self.key() > other.key()
+
+    items = sorted((int(v), i) for i, v in enumerate(loads))
+    heap = [_State([(v, [(i, v)]) for v, i in items[o:o + k]]) for o in range(0, n, k)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        heapq.heappush(heap, _State([(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a.sets, reversed(b.sets))]))
+    return [sorted(i for i, _ in s[1]) for s in heap[0].sets]
+
+
+@register("batching", "verl_default")
+def verl_default_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
+                             seq_lengths: Tensor, n_ranks: int = 1) -> list[Tensor]:
+    """verl 0.9.1's default order (``trainer_base._balance_batch`` then dispatch and the actor's mini-batch
+    iterator with ``shuffle=False``) [code], the baseline of Paper C:
+
+      1. the batch is padded to a multiple of R x M with no-op rollouts of ``VERL_PADDING_SEQ_LEN`` tokens;
+      2. :func:`ldm_partitions` splits it into R equal-size partitions of balanced workload
+         (:func:`verl_workload` of L = prompt + response tokens), indices sorted inside each partition;
+      3. rank r takes partition r; its rows are cut into M contiguous slices; mini-batch m = slice m of every rank.
+    Groups are contiguous in the batch, so a group is split only where it straddles a slice boundary of a rank:
+    some groups stay whole and others do not (``groups_split_frac`` says how many). With R = 1 this is
+    :func:`sequential_minibatches`. Shapes: group_ids, seq_lengths Tensor[B]; returns M index tensors (padding
+    rows dropped). Deterministic: the generator is not used.
+    """
+    B, R, M = group_ids.numel(), int(n_ranks), int(n_minibatches)
+    pad = (-B) % (R * M)
+    loads = verl_workload(torch.cat([seq_lengths.to(torch.int64), torch.full((pad,), VERL_PADDING_SEQ_LEN)]))
+    parts = ldm_partitions(loads.tolist(), R)
+    per_mb = (B + pad) // (R * M)
+    mbs = [torch.tensor([i for p in parts for i in p[m * per_mb:(m + 1) * per_mb] if i < B], dtype=torch.long)
+           for m in range(M)]
+    return [mb for mb in mbs if mb.numel()]
+
+
 def _flat(nested: list[list[Tensor]]) -> list[Tensor]:
     """Rank-major mini-batches (empty ones dropped) of :func:`partition_bins`."""
     return [mb for mb in (torch.cat(shards) for shards in nested) if mb.numel()]
@@ -117,11 +197,10 @@ def _flat(nested: list[list[Tensor]]) -> list[Tensor]:
 @register("batching", "token_balanced")
 def token_balanced_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
                                lengths: Tensor, n_ranks: int = 1) -> list[Tensor]:
-    """verl's default order: rollouts partitioned by token count into M x R bins (equal counts,
-    balanced tokens), ignoring which prompt a rollout came from; bins of mini-batch m are its rank shards.
-
-    Shapes: group_ids, lengths Tensor[B]; returns M tensors. Groups are scattered: that is the
-    engine behaviour Paper C says breaks cancellation.
+    """Rollouts partitioned one by one by response tokens into M x R bins (equal counts, balanced tokens; greedy
+    :func:`partition_bins`), ignoring which prompt a rollout came from; bins of mini-batch m are its rank shards
+    [ours]. Not verl's order (that is :func:`verl_default_minibatches`): it balances every mini-batch, and scatters
+    nearly every group. Shapes: group_ids, lengths Tensor[B]; returns M tensors.
     """
     return _flat(partition_bins(group_ids, lengths, n_minibatches, n_ranks, generator, whole_groups=False))
 
@@ -211,9 +290,9 @@ class _Entry:
 
 @dataclass
 class RewardBalancedBuffer:
-    """Reward-balanced batching (RB) [paper]: rollouts accumulate in a buffer, and an update happens
-    only when a batch can be selected whose positive and negative rollouts each make up at least
-    ``rho`` of it: n_pos(S) >= rho |S| and n_neg(S) >= rho |S|.
+    """Reward-balanced batching (RB) [paper]: rollouts accumulate in a buffer, and an update is made from a
+    batch whose positive and negative rollouts each make up at least ``rho`` of it:
+    n_pos(S) >= rho |S| and n_neg(S) >= rho |S| (:func:`rb_draw` generates more rounds until one exists).
 
     Our reading [ours, configurable]:
       * the unit is a whole group (a prompt's G rollouts), so the group-relative advantages (computed
@@ -222,8 +301,8 @@ class RewardBalancedBuffer:
       * a rollout is positive / negative by the sign of its advantage (``sign="advantage"``, default;
         zero-advantage rollouts count as neither) or of its reward minus ``reward_threshold``
         (``sign="reward"``);
-      * age = current step - generation step; a group older than ``max_age`` is dropped, never trained
-        on; selection prefers the oldest groups (fewest drops) and repairs the balance by swaps.
+      * age = current generation round - the group's round; a group older than ``max_age`` is dropped, never
+        trained on; selection prefers the oldest groups (fewest drops) and repairs the balance by swaps.
     ``rho`` default 0.25 (the paper's per-model values are lost).
     """
 
@@ -303,6 +382,51 @@ class RewardBalancedBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.entries = [_Entry(**e) for e in state["entries"]]
         self.dropped_total = int(state["dropped_total"])
+
+
+RB_ON_EXHAUSTED = ("train_unbalanced", "raise")
+
+
+def rb_draw(buffer: RewardBalancedBuffer, round_: int, *, admit: Callable[[int], None], refill: Callable[[], None],
+            max_rounds: int, on_exhausted: str = "train_unbalanced",
+            select: Callable[[int], tuple[list[Any] | None, dict[str, float]]] | None = None,
+            ) -> tuple[list[Any], dict[str, float], int]:
+    """The batch of one update under reward-balanced batching, the same in both engines (verl's reading of RB):
+
+      1. ``admit(r)``: the groups generated in round r join the buffer, born at r (ages count generation rounds);
+      2. ``select(r)`` (default ``buffer.select``): groups older than ``max_age`` rounds are dropped; a balanced
+         batch of ``buffer.n_groups`` groups, or None;
+      3. None: ``refill()`` generates one more round of n prompts with the same policy, r += 1, back to 1; after
+         ``max_rounds`` rounds ``on_exhausted`` decides: ``train_unbalanced`` takes the oldest n groups (the same
+         selection with rho = 0, ``rb_forced`` = 1) or ``raise``.
+    Every step therefore updates once per mini-batch, as the baseline does: RB and QB+RB runs make the same number
+    of optimizer updates as their baseline and pay in generation rounds instead (``rb_rounds``).
+    Returns (payloads of the selected groups, stats, the next round).
+    """
+    if on_exhausted not in RB_ON_EXHAUSTED:
+        raise ValueError(f"reward_balance.on_exhausted must be one of {list(RB_ON_EXHAUSTED)}, got {on_exhausted!r}")
+    if max_rounds < 1:
+        raise ValueError(f"reward_balance.max_rounds must be >= 1, got {max_rounds}")
+    select = select or buffer.select
+    dropped, forced, rounds = 0.0, 0.0, 0
+    while True:
+        admit(round_)
+        chosen, stats = select(round_)
+        dropped += stats["rb_dropped"]
+        rounds += 1
+        if chosen is None and rounds >= max_rounds:
+            if on_exhausted == "raise":
+                raise RuntimeError(f"RB: no balanced batch (rho={buffer.rho}) after {rounds} generation rounds")
+            rho, buffer.rho = buffer.rho, 0.0  # the oldest groups, through the same selection, same round
+            try:
+                chosen, stats = select(round_)
+            finally:
+                buffer.rho = rho
+            forced = 1.0
+        round_ += 1
+        if chosen is not None:
+            return chosen, {**stats, "rb_dropped": dropped, "rb_rounds": float(rounds), "rb_forced": forced}, round_
+        refill()
 
 
 RB_SIGNS = ("advantage", "reward")

@@ -28,6 +28,9 @@ functions and token filters):
 5. ``balanced_updates``: reward-balanced batching (RB) exists so that every update sees >= rho positive and >= rho
    negative rollouts; sign-partitioned mini-batches put the two signs in different updates. Together they
    contradict each other.
+6. ``rb_replaces_filter``: reward-balanced batching chooses which generated groups an update trains on, and so does
+   DAPO's dynamic sampling (keep groups whose rewards differ, generate more until the batch is full); on verl the RB
+   sampler replaces the replay buffer that implements the filter. One selection per run: both engines refuse both.
 """
 
 from __future__ import annotations
@@ -105,7 +108,14 @@ def check_method(method: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
                 f"policy loss {loss!r} uses the sequence ratio s_i = exp(mean_t log r_i,t) of the whole response; "
                 f"token filter(s) {filters} would make it the ratio of a token subset chosen per step; credit "
                 f"weights compose with it, token filters do not [rule sequence_ratio_filter]")
-    if batching == "sign_partitioned" and bool((trainer.get("reward_balance") or {}).get("enable")):
+    rb_on = bool((trainer.get("reward_balance") or {}).get("enable"))
+    if rb_on and trainer.get("dynamic_sampling"):
+        raise IllDefinedComposition(
+            "reward-balanced batching (RB) and dynamic sampling both choose which generated groups an update trains "
+            "on (and generate more until they can); on verl the RB sampler replaces the replay buffer that implements "
+            "DAPO's group filter: set trainer.dynamic_sampling=false or trainer.reward_balance.enable=false "
+            "[rule rb_replaces_filter]")
+    if batching == "sign_partitioned" and rb_on:
         raise IllDefinedComposition(
             "reward-balanced batching (RB) makes every update see >= rho positive and >= rho negative rollouts; "
             "batching 'sign_partitioned' puts the two signs in different mini-batches (updates): the two contradict "

@@ -5,8 +5,9 @@ One RL step:
   2. sample G rollouts per prompt with the KV-cache sampler; score them (reward workers);
      dynamic sampling (optional) keeps groups whose rewards differ and samples more prompts
      until the batch is full; overlong shaping penalises responses near the length budget;
-     reward-balanced batching (optional, Paper C) parks the groups in a buffer and trains only on a
-     batch with enough positive and negative rollouts (else the step makes no update);
+     reward-balanced batching (optional, Paper C) parks the groups in a buffer and trains on a batch
+     with enough positive and negative rollouts, generating more rounds of prompts until one exists
+     (``algos.batching.rb_draw``, as the verl engine does: every step updates);
   3. advantages (registered function, e.g. GRPO);
   4. ONE no-grad forward gives old log-probs, entropy and final hidden states h_t; with LoRA
      (``trainer.lora.enable``) and a credit function that takes ``ref_logp`` or ``base_hidden``, ONE
@@ -47,7 +48,7 @@ import torch
 
 from creditlab.algos import registry
 from creditlab.algos.compat import check_method
-from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_sign_values,
+from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_draw, rb_sign_values,
                                       sign_counts)
 from creditlab.algos.cancellation import cancellation_residual
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
@@ -148,6 +149,7 @@ class Trainer:
         self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
         self.batching_fn = registry.get("batching", t["batching"])
         self.loss_takes_groups = "group_ids" in inspect.signature(self.loss_fn).parameters
+        self.loss_takes_tokens = "responses" in inspect.signature(self.loss_fn).parameters  # GRPO-fix: token ids
         self.credit_fns = method_entries("credit", self.mcfg.get("credit"))
         self.token_filters = method_entries("token_filter", self.mcfg.get("token_filter"))
         check_method(self.mcfg, t)  # the methods compose (IllDefinedComposition, a ValueError, with the reason)
@@ -161,6 +163,7 @@ class Trainer:
         # reward-balanced batching (Paper C): groups wait in a buffer until a sign-balanced batch exists
         self.rb_buffer = (RewardBalancedBuffer(t["prompts_per_step"], rb["rho"], rb["max_age"])
                           if rb.get("enable") else None)
+        self.rb_round = 0  # generation rounds so far (RB ages count rounds)
         self.step = 0
         self._t_reward = 0.0
         self.history: list[dict[str, float]] = []
@@ -181,6 +184,7 @@ class Trainer:
             "history": self.history,
             "token_credit": self.token_credit.sums,
             "rb_buffer": None if self.rb_buffer is None else self.rb_buffer.state_dict(),
+            "rb_round": self.rb_round,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
         }
         tmp = self._ckpt_path.with_suffix(".tmp")
@@ -199,6 +203,7 @@ class Trainer:
         self.token_credit.sums = state.get("token_credit", self.token_credit.sums)
         if self.rb_buffer is not None and state.get("rb_buffer") is not None:
             self.rb_buffer.load_state_dict(state["rb_buffer"])
+        self.rb_round = int(state.get("rb_round", 0))
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
@@ -289,7 +294,7 @@ class Trainer:
         if self.rb_buffer is not None:  # reward-balanced batching: train on a balanced batch of the buffer
             ro, rb_stats = self._reward_balance(step, ro)
             metrics.update(rb_stats)
-        if ro is None or not ro.responses:  # nothing to train on (dynamic sampling / RB deferral): no update
+        if ro is None or not ro.responses:  # nothing to train on (dynamic sampling kept no group): no update
             return metrics | {"t_step": time.perf_counter() - t0, "skipped": 1.0}
         metrics.update(self.learn(step, ro))
         metrics.update(t_gen=t_gen, t_reward=self._t_reward, t_step=time.perf_counter() - t0)
@@ -371,10 +376,11 @@ class Trainer:
         stats: list[dict[str, float]] = []
         loss_kwargs = dict(m.get("loss_kwargs") or {})
         lengths, n_ranks = mask.sum(-1).long().cpu(), int(t.get("dp_ranks", 1))
+        seq_lengths = lengths + torch.tensor([len(p) for p in ro.prompts], dtype=torch.long)
         split: list[float] = []
         for _ in range(t["ppo_epochs"]):
             minibatches = call_batching(self.batching_fn, group_ids, t["mini_batches"], gen, lengths=lengths,
-                                        advantages=adv, n_ranks=n_ranks)
+                                        seq_lengths=seq_lengths, advantages=adv, n_ranks=n_ranks)
             split.append(groups_split_frac(minibatches, group_ids))
             for idx in minibatches:
                 mb = batch.select(idx)
@@ -382,6 +388,8 @@ class Trainer:
                 if self.loss_takes_groups:  # group-coupled losses (GRPO-fix, DFPO) see whole groups only
                     _check_whole_groups(group_ids[idx], group_ids, self.mcfg["policy_loss"], t["batching"])
                     loss_kwargs["group_ids"] = group_ids[idx].to(self.device)
+                if self.loss_takes_tokens:
+                    loss_kwargs["responses"] = mb.responses.to(self.device)
                 with _autocast(self.device):
                     new = response_forward(self.model, mb)
                 args = (old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T])
@@ -428,21 +436,32 @@ class Trainer:
         self.opt.load_state_dict(snap["optimizer"])
         self.sched.load_state_dict(snap["scheduler"])
 
-    def _reward_balance(self, step: int, ro: Rollouts) -> tuple[Rollouts | None, dict[str, float]]:
-        """Add this step's groups to the RB buffer; return a balanced batch of it (groups renumbered
-        0..n-1) or None (defer the update), and the buffer's statistics."""
+    def _reward_balance(self, step: int, ro: Rollouts) -> tuple[Rollouts, dict[str, float]]:
+        """The step's update batch under RB (``rb_draw``): this step's groups join the buffer; while no balanced
+        batch can be selected, one more round of prompts is generated (same policy) and joins it. Returns the
+        batch (groups renumbered 0..n-1) and the buffer's statistics."""
         rb = self.tcfg["reward_balance"]
-        gids = torch.tensor(ro.group_ids, dtype=torch.long)
         kwargs = self.mcfg.get("advantage_kwargs") or {}
-        values, thr = rb_sign_values(rb["sign"], torch.tensor(ro.rewards, dtype=torch.float32),
-                                     torch.tensor(ro.scores, dtype=torch.float32), gids,
-                                     lambda r, g: self.advantage_fn(r, g, **kwargs), rb["reward_threshold"])
-        for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
-            rows = [i for i, x in enumerate(ro.group_ids) if x == g]
-            self.rb_buffer.add(_subset(ro, rows), n_pos, n_neg, size, step)
-        chosen, stats = self.rb_buffer.select(step)
-        if chosen is None:
-            return None, stats
+        pending = [ro]
+
+        def admit(rnd: int) -> None:
+            new = pending.pop()
+            gids = torch.tensor(new.group_ids, dtype=torch.long)
+            values, thr = rb_sign_values(rb["sign"], torch.tensor(new.rewards, dtype=torch.float32),
+                                         torch.tensor(new.scores, dtype=torch.float32), gids,
+                                         lambda r, g: self.advantage_fn(r, g, **kwargs), rb["reward_threshold"])
+            for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
+                rows = [i for i, x in enumerate(new.group_ids) if x == g]
+                self.rb_buffer.add(_subset(new, rows), n_pos, n_neg, size, rnd)
+
+        def refill() -> None:  # one more round of prompts; generation indices past collect()'s (dynamic sampling)
+            pending.append(self._rollout_once(step, t_gen + len(extra)))
+            extra.append(pending[-1])
+
+        t_gen, extra = int(self.tcfg["max_gen_batches"]), []
+        chosen, stats, self.rb_round = rb_draw(self.rb_buffer, self.rb_round, admit=admit, refill=refill,
+                                               max_rounds=int(rb.get("max_rounds", 4)),
+                                               on_exhausted=rb.get("on_exhausted", "train_unbalanced"))
         for k, part in enumerate(chosen):  # groups of different steps may share a prompt: renumber
             part.group_ids = [k] * len(part.group_ids)
         fields = Rollouts.__dataclass_fields__

@@ -58,6 +58,7 @@ from creditlab.algos.batching import (
     RB_SIGNS,
     RewardBalancedBuffer,
     groups_split_frac,
+    rb_draw,
     partition_bins,
     rb_sign_values,
     sequential_minibatches,
@@ -300,20 +301,19 @@ class RewardBalancedSampler(ReplayBuffer):
     name=RewardBalancedSampler}``; ``trainer.v1.sampler.sampler_kwargs``: rho, max_age, sign
     (advantage | reward), reward_threshold, and optionally max_rounds, on_exhausted, advantage.
 
-    ``sample(global_steps, "train", n)`` [ours, the verl reading of the local engine's RB]:
-      1. wait until no prompt of the partition is pending/running (sync: the step's generation is done);
-      2. admit every finished group not yet buffered: its rewards (``rm_scores`` summed per rollout) give
+    ``sample(global_steps, "train", n)`` is creditlab's ``rb_draw`` (the local engine runs the same loop):
+      1. admit: wait until no prompt of the partition is pending/running (sync: the round's generation is done),
+         then buffer every finished group not yet buffered: its rewards (``rm_scores`` summed per rollout) give
          its positive / negative counts (``sign_counts`` of the registered advantage, or of the reward
          against ``reward_threshold``), born at the current generation round;
-      3. ``buffer.select(round)``: groups older than ``max_age`` rounds are dropped (and cleared from
-         TransferQueue); a balanced batch is returned and its prompt keys cleared (verl's
-         ``_materialize_batch``); the others stay in TransferQueue for later steps;
-      4. no balanced batch: one more generation round of n prompts (``refill_fn``, the trainer's
-         ``_add_prompts_to_generate``: same policy, as the local engine's deferred step) and back to 1; after
-         ``max_rounds`` rounds, ``on_exhausted``: ``train_unbalanced`` takes the oldest n groups (the same
-         buffer with rho = 0; ``training/rb/forced`` = 1) or ``raise``.
-    A round is one generation of n prompts, so ages count what the local engine's steps count; unlike the
-    local engine (which skips the update) every verl step updates, after possibly several rounds.
+      2. select: groups older than ``max_age`` rounds are dropped (and cleared from TransferQueue); a balanced
+         batch is returned and its prompt keys cleared (verl's ``_materialize_batch``); the others stay in
+         TransferQueue for later steps;
+      3. no balanced batch: one more generation round of n prompts (``refill_fn``, the trainer's
+         ``_add_prompts_to_generate``, same policy) and back to 1; after ``max_rounds`` rounds, ``on_exhausted``
+         (``trainer.reward_balance``): ``train_unbalanced`` takes the oldest n groups (rho = 0;
+         ``training/rb/forced`` = 1) or ``raise``.
+    Every step updates, after possibly several rounds (``training/rb/rounds``).
     Validation (partition "val") is verl's own sync sampling.
     """
 
@@ -327,15 +327,15 @@ class RewardBalancedSampler(ReplayBuffer):
         kw = (OmegaConf.to_container(sampler_kwargs) if isinstance(sampler_kwargs, DictConfig)
               else dict(sampler_kwargs or {}))
         run_cfg = run_config()
-        opts = verl_options(run_cfg)["rb"]
+        rb = ((run_cfg or {}).get("trainer") or {}).get("reward_balance") or {}
         self.rho = float(kw.get("rho", 0.25))
         self.max_age = int(kw.get("max_age", 2))
         self.sign = str(kw.get("sign", "advantage"))
         if self.sign not in RB_SIGNS:
             raise ValueError(f"RB sign must be one of {list(RB_SIGNS)}, got {self.sign!r}")
         self.reward_threshold = float(kw.get("reward_threshold", 0.5))
-        self.max_rounds = int(kw.get("max_rounds", opts["max_rounds"]))
-        self.on_exhausted = str(kw.get("on_exhausted", opts["on_exhausted"]))
+        self.max_rounds = int(kw.get("max_rounds", rb.get("max_rounds", 4)))
+        self.on_exhausted = str(kw.get("on_exhausted", rb.get("on_exhausted", "train_unbalanced")))
         self.advantage = kw.get("advantage") or ((run_cfg or {}).get("method") or {}).get("advantage", "grpo")
         self.buffer: RewardBalancedBuffer | None = None
         self.round = 0
@@ -360,8 +360,9 @@ class RewardBalancedSampler(ReplayBuffer):
                 return
             last = self._wait_for_next_poll(partition_id, last)
 
-    def _admit(self, partition_id: str) -> None:
-        """Buffer the finished groups of TransferQueue not yet buffered; forget those no longer there."""
+    def _admit(self, partition_id: str, rnd: int) -> None:
+        """Buffer the finished groups of TransferQueue not yet buffered (born at round ``rnd`` unless a checkpoint
+        restored their birth); forget those no longer there."""
         terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]
         self.buffer.entries = [e for e in self.buffer.entries if e.payload in terminal]
         known = {e.payload for e in self.buffer.entries}
@@ -386,7 +387,7 @@ class RewardBalancedSampler(ReplayBuffer):
                                      lambda r, g: sequence_advantages(self.advantage, r, g), self.reward_threshold)
         for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
             uid = uids[g]
-            self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, self.round))
+            self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, rnd))
 
     @staticmethod
     def _raw_scores(keys: list[str], partition_id: str) -> torch.Tensor:
@@ -403,10 +404,10 @@ class RewardBalancedSampler(ReplayBuffer):
             out.append(float(info["acc"]))
         return torch.tensor(out, dtype=torch.float32)
 
-    def _select(self, partition_id: str) -> tuple[list[str] | None, dict[str, float]]:
-        """One ``buffer.select`` at the current round; clears the groups it drops from TransferQueue."""
+    def _select(self, partition_id: str, rnd: int) -> tuple[list[str] | None, dict[str, float]]:
+        """One ``buffer.select`` at round ``rnd``; clears the groups it drops from TransferQueue."""
         live = {e.payload for e in self.buffer.entries}
-        chosen, stats = self.buffer.select(self.round)
+        chosen, stats = self.buffer.select(rnd)
         gone = live - {e.payload for e in self.buffer.entries} - set(chosen or [])
         self._clear_groups(partition_id, gone)
         return chosen, stats
@@ -420,29 +421,15 @@ class RewardBalancedSampler(ReplayBuffer):
             self.buffer.dropped_total = getattr(self, "_dropped_restored", 0)
         if self.buffer.n_groups != batch_size:
             raise ValueError(f"RB sampler built for {self.buffer.n_groups} groups per update, asked for {batch_size}")
-        dropped, forced, rounds = 0.0, 0.0, 0
-        while True:
+
+        def admit(rnd: int) -> None:
             self._wait_until_generated(partition_id)
-            self._admit(partition_id)
-            chosen, stats = self._select(partition_id)
-            dropped += stats["rb_dropped"]
-            self.round += 1
-            rounds += 1
-            if chosen is None and rounds >= self.max_rounds:
-                if self.on_exhausted == "raise":
-                    raise RuntimeError(f"RB: no balanced batch (rho={self.rho}) after {rounds} generation rounds")
-                rho, self.buffer.rho = self.buffer.rho, 0.0  # the oldest groups, through the same selection
-                try:
-                    self.round -= 1  # same round: nothing more ages out
-                    chosen, stats = self._select(partition_id)
-                    self.round += 1
-                finally:
-                    self.buffer.rho = rho
-                forced = 1.0
-            if chosen is not None:
-                break
-            self.refill_fn(batch_size)
-        stats = {**stats, "rb_dropped": dropped, "rb_rounds": float(rounds), "rb_forced": forced}
+            self._admit(partition_id, rnd)
+
+        chosen, stats, self.round = rb_draw(self.buffer, self.round, admit=admit,
+                                            refill=lambda: self.refill_fn(batch_size),
+                                            select=lambda rnd: self._select(partition_id, rnd),
+                                            max_rounds=self.max_rounds, on_exhausted=self.on_exhausted)
         batch = self._materialize_batch(partition_id, chosen, dict(self.partitions[partition_id]))
         return batch, {f"training/rb/{k[3:]}": v for k, v in stats.items()}
 
@@ -517,7 +504,7 @@ class CreditlabTrainer(PPOTrainerSync):
         self.has_credit = bool(credit or filters or self.fused_ref)
         self.has_filters = bool(filters)
         self.token_credit = TokenCredit()
-        self.batching = t.get("batching", "random")
+        self.batching = t.get("batching", "verl_default")
         self.qb, self.sequential = self.batching == "query_preserved", self.batching == "sequential"
         self.sign_partitioned = self.batching == "sign_partitioned"
         actor = self.config.actor_rollout_ref.actor
