@@ -3,6 +3,7 @@ against autograd, the memory bound, token selection, and the trainer's use of th
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -51,9 +52,9 @@ def reference(v, adv, lam_min=0.8, lam_max=1.2, K=1, variant="full"):
             return sum(dist(j, own) for j in side) / len(side) - dist(n, own)
         return dist(n, other) - dist(n, own)
 
-    def pop_std(values):
+    def pop_std(values):  # the official floor is on the variance (test_gamma_floor_is_the_official_variance_floor)
         mean = sum(values) / len(values)
-        return max((sum((x - mean) ** 2 for x in values) / len(values)) ** 0.5, 1e-8)
+        return max(sum((x - mean) ** 2 for x in values) / len(values), 1e-8) ** 0.5
 
     def h(x):
         if variant == "hard":
@@ -133,6 +134,36 @@ def test_one_sided_batch_is_neutral():
     adv = torch.ones(len(v))
     lam = delta_coefficients(v, adv, variant="no_norm")
     torch.testing.assert_close(lam, torch.full_like(lam, 1.0))  # alpha* = 0.5 -> lambda = 1.0
+
+
+def test_gamma_floor_is_the_official_variance_floor():
+    """gamma_s = sqrt(max(var_s, 1e-8)), as RUCBM/DelTA computes it (verl-DelTA/verl/workers/actor/dp_actor.py,
+    compute_log_prob_h: ``eps = 1e-8``; ``gamma_pos = gamma_time * torch.sqrt(torch.clamp(m_pos_sumsq / m_pos_count
+    - m_pos_mean ** 2, min=eps))``, gamma_time = 1), not max(std, 1e-8). Each side's tokens here have identical
+    margins (variance 0), m = ||mu_-||^2 = 2.5e-5 on both sides: the official gamma is 1e-4, alpha* = sigmoid(0.25);
+    a floor on the std (1e-8) gave sigmoid(2500) = 1, lambda = lam_max."""
+    v = torch.tensor([[0.0, 0.0]] * 4 + [[0.005, 0.002], [0.005, -0.002]] * 2 + [[1.0, 1.0]] * 2)
+    adv = torch.tensor([1.0] * 4 + [-1.0] * 4 + [0.0] * 2)  # positive at the origin, negative around (0.005, 0)
+
+    def official_gamma(m):  # a direct reading of the official equation (one-pass moments, floor on the variance)
+        mean = sum(m) / len(m)
+        return max(sum(x * x for x in m) / len(m) - mean ** 2, 1e-8) ** 0.5
+
+    mu_pos, mu_neg = torch.zeros(2, dtype=torch.float64), torch.tensor([0.005, 0.0], dtype=torch.float64)
+    vd = v.double()
+    m_pos = [float(((vd[n] - mu_neg) ** 2).sum() - ((vd[n] - mu_pos) ** 2).sum()) for n in range(4)]
+    m_neg = [float(((vd[n] - mu_pos) ** 2).sum() - ((vd[n] - mu_neg) ** 2).sum()) for n in range(4, 8)]
+    assert official_gamma(m_pos) == pytest.approx(1e-4) and official_gamma(m_neg) == pytest.approx(1e-4)
+    # K = 1: every token of a side has the same alpha, so the refined centroids are the initial ones
+    lam = [0.8 + 0.4 / (1.0 + math.exp(-x / official_gamma(m))) for m in (m_pos, m_neg) for x in m] + [0.8, 0.8]
+    want = torch.tensor(lam, dtype=torch.float64)
+    want = want * len(want) / want.sum()
+    for K in (0, 1):
+        got = delta_coefficients(v, adv, refine_steps=K)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.double(), reference(v, adv, K=K), rtol=1e-5, atol=1e-6)
+    raw = delta_coefficients(v, adv, variant="no_norm")
+    assert raw[:8].max().item() == pytest.approx(0.8 + 0.4 / (1.0 + math.exp(-0.25)), abs=1e-5)  # not lam_max
 
 
 def test_closer_to_own_centroid_gets_more_credit():

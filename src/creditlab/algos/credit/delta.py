@@ -6,7 +6,9 @@ authors' code, RUCBM/DelTA):
 1. proxy v_n = (1 - p_n) h_n: the gradient of log p(y_n) w.r.t. the LM-head row of the sampled token;
 2. centroids mu+ = sum_{A>0} A v / sum A,  mu- = sum_{A<0} |A| v / sum |A|;
 3. margins, own side s and other side s': m_n = ||v_n - mu_s'||^2 - ||v_n - mu_s||^2;
-   gamma_s = population std of m over side s (clamped to 1e-8);
+   gamma_s = sqrt(max(population variance of m over side s, 1e-8)) (the official floor is on the variance,
+   so gamma >= 1e-4: RUCBM/DelTA verl-DelTA/verl/workers/actor/dp_actor.py, compute_log_prob_h, eps = 1e-8 and
+   gamma_pos = gamma_time * sqrt(clamp(E[m^2] - E[m]^2, min=eps)), gamma_time = 1);
 4. refinement, K steps: alpha = sigmoid(m / gamma); mu_s <- sum_s alpha |A| v / sum_s alpha |A|;
    gamma_s <- population std of those same margins (computed before the centroid update), then the
    margins are recomputed under the new centroids (K = 1: the final gamma is the initial one);
@@ -15,8 +17,10 @@ authors' code, RUCBM/DelTA):
 
 No N x N tensor exists: ||v - mu||^2 = ||v||^2 - 2 v.mu + ||mu||^2, evaluated in row chunks, so the
 memory is O(N d) (the proxies themselves) plus O(chunk d). Every batch statistic is a sum passed
-through ``all_reduce`` (identity here): a data-parallel engine passes a sum all-reduce to get the
-global-batch coefficients, or the identity for the official per-rank statistics.
+through ``all_reduce`` (identity here): the identity gives the official per-rank statistics (the authors'
+compute_log_prob_h has no all-reduce: centroids, gamma and the lambda normaliser are those of one data-parallel
+rank's rollouts; the verl plug-in's default, ``verl.credit_dp_stats: rank``), a sum all-reduce over the
+data-parallel ranks the global-batch ones (``global``: an ablation row, configs/papers/delta.yaml).
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ alpha*, then normalised) | no_refine (K = 0) | random (lambda ~ U[lam_min, lam_m
 VARIANTS = COEF_VARIANTS + ("topk_proxy",)
 """All diagnostics rows; ``topk_proxy`` is ``full`` on the top-K hidden-gradient proxy (:func:`topk_hidden_proxy`)."""
 
-GAMMA_MIN = 1e-8
+VAR_MIN = 1e-8
+"""Floor on the margins' variance before the square root: gamma_s = sqrt(max(var_s, VAR_MIN)) >= 1e-4 [code:
+RUCBM/DelTA dp_actor.py compute_log_prob_h, ``torch.sqrt(torch.clamp(m_sumsq / m_count - m_mean ** 2, min=eps))``
+with ``eps = 1e-8``]. (A floor of 1e-8 on gamma itself let a side of near-identical margins reach m / gamma ~ 1e4:
+a hard 0/1 alpha where the official one is a soft sigmoid.)"""
 Reduce = Callable[[Tensor], Tensor]
 
 
@@ -134,14 +142,14 @@ def delta_coefficients(
         return d.gather(1, (1 - side)[:, None]).squeeze(1) - own
 
     def spread(m: Tensor) -> Tensor:
-        """Population std of m over each side, clamped: Tensor[2] (1 for fixed_gamma)."""
+        """Population std of m over each side, sqrt(max(var, VAR_MIN)): Tensor[2] (1 for fixed_gamma)."""
         if variant == "fixed_gamma":
             return torch.ones(2, device=m.device)
         mm = torch.where(active, m, 0.0)
         n = counts.clamp(min=1)
         mean = reduce(_side_sums(mm, side)) / n
         var = reduce(_side_sums(torch.where(active, (m - mean[side]).square(), 0.0), side)) / n
-        return var.sqrt().clamp(min=GAMMA_MIN)
+        return var.clamp(min=VAR_MIN).sqrt()  # the official floor: on the variance [code]
 
     def h(m: Tensor, gamma: Tensor) -> Tensor:
         x = m / gamma[side]

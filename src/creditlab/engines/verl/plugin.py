@@ -71,7 +71,8 @@ next-token log-probs and the LM-head weight on the workers, for a credit entry t
 VERL_DEFAULTS: dict[str, Any] = {
     "device": "cuda",  # cuda (GPU clusters) | cpu (scale smoke: verl's loop on a CPU, engines/verl/cpu.py)
     "sp_check": False,  # with Ulysses sp > 1: also compute hidden-state credit from an sp=1 forward, log the gap
-    "credit_dp_stats": "global",  # DelTA statistics: all-reduced over data-parallel ranks | "rank" (official)
+    "credit_dp_stats": "rank",  # DelTA's batch statistics: per data-parallel rank, no all-reduce (the official code)
+    #                             | "global" (summed over the ranks: an ablation row [ours]); see DP_STATS
     "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
     "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update
     "filter_metric": "acc",  # DAPO's dynamic sampling drops groups whose `acc` (verifier score) ties | "reward"
@@ -79,6 +80,18 @@ VERL_DEFAULTS: dict[str, Any] = {
 }
 """Options of the plug-in read from an optional ``verl:`` section of the run config [ours]; the launcher
 may leave it out. ``rb.on_exhausted``: ``train_unbalanced`` (the oldest groups, logged) | ``raise``."""
+
+
+DP_STATS = ("rank", "global")
+"""``verl.credit_dp_stats``: where the batch statistics of a worker-side credit function that takes ``all_reduce``
+(DelTA: centroids, gamma, the lambda normaliser) come from. ``rank``: this data-parallel rank's rollouts alone, the
+official code [code: RUCBM/DelTA verl-DelTA/verl/workers/actor/dp_actor.py ``compute_log_prob_h``: sums over the
+rank's micro-batches, no all-reduce; fsdp_workers.py dispatches it per data-parallel rank]. A Ulysses group is one
+data-parallel rank: its sp ranks hold the same rollouts, the hidden states are all-gathered in the group and only its
+output rank computes the credit (workers.credit_pass), so the group shares one set of statistics, as the authors'
+sp ranks (each computes the same statistics from the gathered h). ``global``: summed over the data-parallel group
+(workers.dp_all_reduce; verl's ``get_data_parallel_group``, the Ulysses mesh's ``dp`` dimension): the coefficients of
+the whole batch, whatever the number of ranks [ours]."""
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -107,6 +120,8 @@ def verl_options(run_cfg: dict | None) -> dict[str, Any]:
         if k not in out:
             raise KeyError(f"unknown verl option {k!r}; valid choices: {sorted(out)}")
         out[k] = {**out[k], **v} if isinstance(out[k], dict) else v
+    if out["credit_dp_stats"] not in DP_STATS:
+        raise ValueError(f"verl.credit_dp_stats={out['credit_dp_stats']!r}; valid choices: {list(DP_STATS)}")
     return out
 
 

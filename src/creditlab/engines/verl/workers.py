@@ -54,6 +54,7 @@ from torch import Tensor
 from creditlab.algos.credit.arca import adapter_residual_norm
 from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
 from creditlab.engines.verl.plugin import (
+    DP_STATS,
     group_index,
     loss_name,
     needs_group_ids,
@@ -169,12 +170,14 @@ def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tens
     """The credit functions / token filters of ``spec`` on one data-parallel rank's rollouts.
 
     spec: {"credit": [{name, **kwargs}], "token_filter": [...], "seed": int, "step": int,
-           "dp_stats": "global" | "rank"} (those entries of the method config that need worker inputs).
+           "dp_stats": "rank" | "global"} (those entries of the method config that need worker inputs; dp_stats:
+           plugin.DP_STATS, default "rank", the official per-rank statistics).
     responses, mask, old_logp: Tensor[B, T] (padded response positions); advantages: Tensor[B] (A_i);
     uids: the B prompt uids (groups, local to this rank); entropy, ref_logp: Tensor[B, T] or None;
     hidden, base_hidden: Tensor[B, T, d] or None; topk_logp / topk_ids: Tensor[B, T, K] and lm_head: Tensor[V, d]
     (DelTA's top-K proxy, :func:`spec_topk` > 0) or None; reduce: the sum over ranks (``dp_all_reduce``), passed
-    to functions that take ``all_reduce`` when ``dp_stats`` is "global"; rank seeds ``rng`` per rank.
+    to functions that take ``all_reduce`` when ``dp_stats`` is "global" (with "rank" they see this rank's rollouts
+    alone); rank seeds ``rng`` per rank.
     Returns {"weights": Tensor[B, T], "filter": Tensor[B, T] or None, "residual": ||h - h_base|| or None}.
     """
     inputs = CreditInputs(
@@ -182,7 +185,10 @@ def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tens
         group_ids=group_index(uids).to(mask.device), hidden=hidden, entropy=entropy, ref_logp=ref_logp,
         base_hidden=base_hidden, topk_logp=topk_logp, topk_ids=topk_ids, lm_head=lm_head,
         rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)))
-    extra = {"all_reduce": reduce} if reduce is not None and spec.get("dp_stats", "global") == "global" else {}
+    dp_stats = spec.get("dp_stats", "rank")
+    if dp_stats not in DP_STATS:
+        raise ValueError(f"credit spec dp_stats={dp_stats!r}; valid choices: {list(DP_STATS)}")
+    extra = {"all_reduce": reduce} if reduce is not None and dp_stats == "global" else {}
     weights = compose_credit(method_entries("credit", spec.get("credit")), inputs, extra)
     filters = spec.get("token_filter") or []
     filt = compose_credit(method_entries("token_filter", filters), inputs, extra) if filters else None
