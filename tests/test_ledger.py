@@ -181,14 +181,16 @@ def test_holm_against_a_hand_computation():
 
 
 def test_verdict_strings():
-    assert L.VERDICTS == ("holds", "contradicted", "not resolved (noise)", "not testable at this scale")
+    assert L.VERDICTS == ("holds", "contradicted", "not resolved (noise)", "not testable at this scale",
+                          "not decidable (no matched x: the series' measured ranges do not overlap)")
 
 
 # ---------------------------------------------------------------------------------------- validation
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"kind": "greater"}, r"kind: unknown value 'greater'; choices: \['better', 'best_of', 'order', 'between'\]"),
+    ({"kind": "greater"}, r"kind: unknown value 'greater'; choices: \['better', 'best_of', 'order', 'between', "
+                            r"'matched_order'\]"),
     ({"column": "Nope"}, r"column: unknown value 'Nope'; choices: \['A', 'B', 'N', 'Avg', 'Step time \(s\)'\]"),
     ({"table": "other"}, r"table: unknown value 'other'; choices: \['main'\]"),
     ({"row": "PPO"}, r"row: unknown row 'PPO' in table 'main' on backbone 'Small'; choices: \['Base', 'DAPO'"),

@@ -780,12 +780,16 @@ def _column_note(paper: PaperSpec, spec: TableSpec, column_name: str, scale: str
         n_all = len(_unique([b for b, _ in spec.leaves(column)]))
         missing = (f"; **averages {n_all - len(left_out)} of the paper's {n_all} benchmarks**: left out "
                    f"(no {scale} stand-in): {', '.join(left_out)}")
+    if column.metric_for(scale) != column.metric:
+        missing += (f"; **{column.metric_for(scale)} at this scale, the paper's {column.metric}** (the column's "
+                    f"per-scale metric: this scale's evaluation draws fewer samples per question), shown as "
+                    f"{column.label_at(scale)}")
     if column.average_of is not None:
         how = f"{column.weighting} mean of the suite means of {', '.join(column.average_of)}"
         return f"- **{column.name}**: {how} ({metric} on {suites}){missing}"
     if column.benchmarks:
         return f"- **{column.name}**: {metric}, {column.weighting} mean over {suites}{missing}"
-    return f"- **{column.name}**: {metric} on {suites} (paper: {column.benchmark})"
+    return f"- **{column.name}**: {metric} on {suites} (paper: {column.benchmark}){missing}"
 
 
 def _steps_to_note(column: Column, scale: str, df: pd.DataFrame) -> str:
@@ -857,8 +861,8 @@ def _wide_lines(df: pd.DataFrame, spec: TableSpec, scale: str, columns: list[Col
     """The wide Markdown table: one line per row, ours [CI] and the paper's number per column."""
     ours = "ours" if scale == "paper" else f"ours ({scale})"
     header = ["Backbone (paper)", "Row"]
-    for col in columns:
-        header += [f"{col.name} {ours}", f"{col.name} paper"]
+    for col in columns:  # our cells under the k they read at this scale (Pass@8 at tiny), the paper's under its own
+        header += [f"{col.label_at(scale)} {ours}", f"{col.name} paper"]
     lines = []
     for row in spec.rows:
         sub = df[(df["row"] == row.label) & (df["paper_backbone"] == row.backbone)]

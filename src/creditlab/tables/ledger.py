@@ -18,6 +18,19 @@ resolved (noise). Its one-sided p-value is (1 + #{diff* <= 0}) / (1 + B) (the re
 (1 + #{diff* >= 0}) / (1 + B)). A claim of several comparisons (best_of, order, between) holds only if all
 of its comparisons hold after a Holm correction of their p-values (family-wise alpha 0.05), and is
 contradicted if any comparison is significantly reversed after Holm on the reverse p-values.
+
+A `matched_order` claim (series[0] > series[1] > ... on `column` at matched values of `x`: the replacement study's
+"Δlog p > KL > entropy at matched replacement rates") compares curves, not rows. Each series is a set of rows (one
+per threshold) with a measured x (the `x` column's cell: replacement rate, %) and y (`column`'s cell). The **matched
+rates** are G = 11 evenly spaced x values over the common range [max of the series' smallest measured x, min of their
+largest] (the point estimates): inside every series' measured range, never extrapolated. Each series' y at a matched
+x is the linear interpolation of its (x, y) points sorted by x (equal x averaged). A link "A > B" has the statistic
+mean over the matched rates of y_A(x) - y_B(x) (the area between the curves over the common range, per unit of x),
+tested by the paired bootstrap above: a draw resamples the seeds and, per suite, the questions jointly for every row
+of every series, recomputes every row's x and y (so the uncertainty of the measured rates is in the test) and
+re-interpolates at the same matched rates (a resampled curve that no longer spans one is held at its end value).
+Verdicts as for `order` (one link: its bounds; several: Holm over the links). When the series' measured ranges do not
+overlap there is no matched rate: the claim is `not decidable` (NOT_DECIDABLE), reported with each series' range.
 """
 
 from __future__ import annotations
@@ -53,13 +66,23 @@ HOLDS = "holds"
 CONTRADICTED = "contradicted"
 NOISE = "not resolved (noise)"
 NOT_TESTABLE = "not testable at this scale"
-VERDICTS = (HOLDS, CONTRADICTED, NOISE, NOT_TESTABLE)
+NOT_DECIDABLE = "not decidable (no matched x: the series' measured ranges do not overlap)"
+VERDICTS = (HOLDS, CONTRADICTED, NOISE, NOT_TESTABLE, NOT_DECIDABLE)
+
+MATCHED_POINTS = 11
+"""Matched x values of a matched_order claim: evenly spaced over the series' common measured range, ends included."""
 
 PAIRED_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of both rows "
                "together, and per suite the question indices, jointly for both rows; suites independently), "
                "one-sided alpha 0.05")
 UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
                  "independently), one-sided alpha 0.05")
+MATCHED_TEST = ("accuracy at matched {x}: per series, {y} interpolated linearly in the measured {x} (its rows' cells) "
+                "at {g} evenly spaced {x} values over the common range of the series' measured {x} (inside every "
+                "series' range); statistic per link: the mean over those values of the accuracy difference; paired "
+                "bootstrap over training seeds and questions (a draw resamples the seeds and, per suite, the questions "
+                "jointly for every row, recomputes every row's {x} and {y} and re-interpolates at the same matched "
+                "values), one-sided alpha 0.05")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,6 +263,113 @@ def _row_of(table: TableSpec, ref: tuple[str, str]):
     return next(r for r in table.rows if (r.label, r.backbone) == ref)
 
 
+def interpolate_curve(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """y of a curve through the points (x, y) at the values `at`: linear between the points sorted by x (points of
+    equal x averaged), held at the end values outside [min x, max x]."""
+    xs, inverse = np.unique(np.asarray(x, dtype=float), return_inverse=True)
+    ys = np.bincount(inverse, weights=np.asarray(y, dtype=float)) / np.bincount(inverse)
+    return np.interp(np.asarray(at, dtype=float), xs, ys)
+
+
+def matched_range(xs: Sequence[np.ndarray]) -> tuple[float, float] | None:
+    """The common range [max of the minima, min of the maxima] of several series' measured x; None when they do
+    not overlap."""
+    lo, hi = max(float(np.min(x)) for x in xs), min(float(np.max(x)) for x in xs)
+    return (lo, hi) if lo <= hi else None
+
+
+def matched_grid(lo: float, hi: float, n: int = MATCHED_POINTS) -> np.ndarray:
+    """The matched x values: `n` evenly spaced over [lo, hi], ends included (one value when lo == hi)."""
+    return np.array([lo]) if hi == lo else np.linspace(lo, hi, n)
+
+
+def matched_gap_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
+                          grid: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
+    """(diff, lo, hi, p, p_reverse) of the mean over `grid` of y_A(x) - y_B(x), each series given as (x, y): point
+    values [T] (one per row) and bootstrap values [B, T] (the same draws for both series) stacked as (x [B+1, T],
+    y [B+1, T]) with the point estimate first. Bounds and p-values as `paired_bootstrap_diff_suites`."""
+    (xa, ya), (xb, yb) = a, b
+
+    def gap(i: int) -> float:
+        return float(np.mean(interpolate_curve(xa[i], ya[i], grid) - interpolate_curve(xb[i], yb[i], grid)))
+
+    boots = np.array([gap(i) for i in range(1, len(xa))])
+    return _bounds(gap(0), boots, alpha)
+
+
+def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str, seeds: Sequence[int],
+                   evals_dir: Path, k: int, sign: float, n_boot: int = N_BOOT, seed: int = BOOT_SEED
+                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per series of a matched_order claim: (x, y) of its rows, each [1 + n_boot, T]: the point estimate (row 0), then
+    the bootstrap draws, every row of every series resampled with the same seeds and, per suite, the same questions.
+    x and y are the cells of the claim's `x` and `column` in percent (y times `sign`)."""
+    y_col, x_col = table.column(claim.column), table.column(str(claim.x))
+    leaves = {name: paper.leaves_at(table.name, col, scale)[0] for name, col in (("y", y_col), ("x", x_col))}
+    suites = {name: [paper.suite_for(b, scale) for b, _ in pairs] for name, pairs in leaves.items()}
+    metrics = {name: [resolve_metric(m, k) for _, m in pairs] for name, pairs in leaves.items()}
+    weighting = {"y": y_col.weighting, "x": x_col.weighting}
+    arrays: dict[tuple[str, str], dict[str, list[np.ndarray]]] = {}
+    for ref in claim.refs():
+        row = _row_of(table, ref)
+        results = [load_eval(Path(evals_dir), paper.backbone_for(row.backbone, scale), row.run, s, row.decode)
+                   for s in seeds]
+        arrays[ref] = {name: [100.0 * seed_matrix(results, s, m) for s, m in zip(suites[name], metrics[name])]
+                       for name in ("y", "x")}
+    sizes = {}
+    for per in arrays.values():
+        for name in ("y", "x"):
+            for s, v in zip(suites[name], per[name]):
+                if sizes.setdefault(s, v.shape) != v.shape:
+                    raise ValueError(f"claim {claim.id!r}: suite {s!r} has different questions or seeds across its "
+                                     f"rows ({sizes[s]} vs {v.shape}): the series cannot be paired")
+    rng = np.random.default_rng(seed)
+    idx = {s: rng.integers(0, shape[0], size=(n_boot, shape[0])) for s, shape in sizes.items()}
+    n_seeds = len(seeds)
+    seed_idx = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+
+    def cell(per: dict[str, list[np.ndarray]], name: str) -> np.ndarray:
+        point = _point(per[name], weighting[name])
+        boots = _suite_means(per[name], [idx[s] for s in suites[name]], weighting[name], seed_idx)
+        return np.concatenate([[point], boots])
+
+    out = {}
+    for series, rows in claim.series:
+        x = np.stack([cell(arrays[r], "x") for r in rows], axis=1)
+        y = sign * np.stack([cell(arrays[r], "y") for r in rows], axis=1)
+        out[series] = (x, y)
+    return out
+
+
+def _evaluate_matched(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path,
+                      k: int) -> ClaimResult:
+    """A matched_order claim (see the module doc): the series compared at matched x, Holm over the links."""
+    table = paper.table(claim.table)
+    test = MATCHED_TEST.format(x=claim.x, y=claim.column, g=MATCHED_POINTS)
+    if claim.x not in [c.name for c in paper.columns_at(claim.table, scale)]:
+        return ClaimResult(claim, "—", NOT_TESTABLE, note=f"column {claim.x!r} has no stand-in at scale {scale!r}")
+    sign = 1.0 if claim.direction == "higher" else -1.0
+    values = _series_values(paper, table, claim, scale, seeds, evals_dir, k, sign)
+    ranges = "; ".join(f"{name} {x[0].min():.4g}–{x[0].max():.4g}" for name, (x, _) in values.items())
+    common = matched_range([x[0] for x, _ in values.values()])
+    if common is None:
+        return ClaimResult(claim, test, NOT_DECIDABLE,
+                           note=f"the series' measured {claim.x} ranges do not overlap ({ranges}): no matched "
+                                f"{claim.x} to compare them at; thresholds giving overlapping rates would decide it")
+    grid = matched_grid(*common)
+    comps = [Comparison((a, ""), (b, ""), *matched_gap_bootstrap(values[a], values[b], grid))
+             for a, b in claim.series_links()]
+    note = (f"matched {claim.x}: {len(grid)} values over {common[0]:.4g}–{common[1]:.4g} (the common range of the "
+            f"measured {claim.x}: {ranges}); advantage = mean accuracy difference over them, in points")
+    if claim.direction == "lower":
+        test += "; lower is better: the difference is the winner's advantage, loser − winner"
+    if len(comps) == 1:
+        return ClaimResult(claim, test, single_verdict(comps[0].lo, comps[0].hi), tuple(comps), note)
+    adj = holm([c.p for c in comps])
+    comps = [Comparison(c.winner, c.loser, c.diff, c.lo, c.hi, c.p, c.p_reverse, a) for c, a in zip(comps, adj)]
+    verdict = combined_verdict([c.p for c in comps], [c.p_reverse for c in comps])
+    return ClaimResult(claim, test + f"; Holm correction over the {len(comps)} links", verdict, tuple(comps), note)
+
+
 def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path, k: int,
                runs_dir: Path) -> ClaimResult:
     """Test one claim at `scale` over `seeds` (see the module doc for the tests and verdicts)."""
@@ -253,6 +383,8 @@ def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[i
     if claim.column not in shown:
         return ClaimResult(claim, "—", NOT_TESTABLE,
                            note=f"column {claim.column!r} has no stand-in at scale {scale!r}")
+    if claim.kind == "matched_order":
+        return _evaluate_matched(paper, claim, scale, seeds, evals_dir, k)
     pairs = claim.comparisons()
     if column.is_training:
         test = UNPAIRED_TEST
@@ -296,11 +428,14 @@ def claim_statement(claim: Claim) -> str:
         s = f"{name(claim.row)} {op} each of {', '.join(map(name, claim.over))}"
     elif claim.kind == "order":
         s = f" {op} ".join(map(name, claim.rows))
+    elif claim.kind == "matched_order":
+        s = (f" {op} ".join(f"{n} ({', '.join(map(name, rows))})" for n, rows in claim.series)
+             + f" at matched {claim.x}")
     else:
         inv = "<" if op == ">" else ">"
         s = (f"{', '.join(map(name, claim.over))} {inv} {name(claim.row)} {inv} "
              f"{', '.join(map(name, claim.under))}")
-    backbones = sorted({r[1] for pair in claim.comparisons() for r in pair})
+    backbones = sorted({r[1] for r in claim.refs()})
     return f"{s} on {claim.column} ({claim.table}; {', '.join(backbones)})"
 
 
@@ -386,6 +521,16 @@ def _md(cells: Sequence[Any]) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
+def _column_shown(paper: PaperSpec, table: str, column: str, scale: str) -> str:
+    """A cell's column as the ledger shows it: its name, or, where the column reads another k at this scale than the
+    paper's (a per-scale metric), our k and the paper's (``Pass@8 (paper: Pass@16)``)."""
+    try:
+        label = paper.table(table).column(column).label_at(scale)
+    except ValueError:
+        return column
+    return column if label == column else f"{label} (paper: {column})"
+
+
 def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: list[ClaimResult]) -> str:
     """The readable ledger: scale warning, claims with their tests and verdicts, then every table cell."""
     cells = df[df["section"] == "cell"]
@@ -406,7 +551,10 @@ def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: lis
               f"`not resolved (noise)`. Claims of several comparisons: every comparison's one-sided bootstrap "
               f"p-value (1 + #diff* <= 0) / (1 + B) Holm-corrected at family-wise alpha 0.05 (holds only if all "
               f"pass; contradicted if any is significantly reversed, Holm on the reverse p-values). `not "
-              f"testable at this scale`: the column has no stand-in here. Differences are in the column's "
+              f"testable at this scale`: the column has no stand-in here. Claims at matched x (replacement rate): "
+              f"each series interpolated linearly in its measured x at {MATCHED_POINTS} common x values inside every "
+              f"series' measured range, the links tested on the mean accuracy difference there; `not decidable`: "
+              f"the series' measured ranges do not overlap. Differences are in the column's "
               f"unit (accuracy: percentage points).", ""]
     if not results:
         lines += ["No claims declared in the paper config.", ""]
@@ -429,7 +577,8 @@ def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: lis
     for c in cells.itertuples(index=False):
         ours = "" if (isinstance(c.ours_mean, float) and math.isnan(c.ours_mean)) else (
             f"{_num(c.ours_mean)} [{_num(c.ours_lo)}, {_num(c.ours_hi)}] {c.unit}")
-        lines.append(_md([c.table, c.row, f"{c.paper_backbone} → {c.backbone}", c.run, c.column, _num(c.paper),
+        lines.append(_md([c.table, c.row, f"{c.paper_backbone} → {c.backbone}", c.run,
+                          _column_shown(paper, c.table, c.column, scale), _num(c.paper),
                           ours, str(c.seeds).replace(SEP, ", "),
                           ", ".join(f"`{x[:12]}`" for x in split_field(c.commits)),
                           ", ".join(f"`{x}`" for x in split_field(c.configs)),

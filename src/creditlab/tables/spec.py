@@ -27,7 +27,10 @@ BASE_RUN = "base"
 
 EVAL_METRICS = ("greedy", "avg@k", "pass@k", "pass@1", "replacement_rate")
 """Column metrics read from evaluations. `avg@k` / `pass@k` are symbolic: k is the evaluation's k at
-the table's scale."""
+the table's scale. avg@k estimates the same per-sample accuracy whatever k is (only its noise depends on k); pass@k
+does not (pass@8 and pass@32 are different quantities), so no paper config uses the symbolic pass@k: a pass@ column
+names its k (`pass@16`), per scale where the scales' evaluations draw different k (a column's `metric` may be a
+mapping scale -> metric: see `Column.metric_at`)."""
 
 TRAINING_METRICS = ("step_time", "steps_to", "train_mean")
 """Column metrics read from a run's training metrics.jsonl: `step_time` = mean wall time per RL step
@@ -85,17 +88,21 @@ _TRAINING_COLUMN_KEYS = {
     "steps_to": ("name", "metric", "threshold", "smoothing", "relative_to", "relative"),
 }
 """The keys each training-cost column takes (steps_to: `threshold` required)."""
-CLAIM_KINDS = ("better", "best_of", "order", "between")
+CLAIM_KINDS = ("better", "best_of", "order", "between", "matched_order")
 """Claim kinds (creditlab.tables.ledger tests them): `better` row > one `over` row; `best_of` row > every `over`
 row (Holm); `order` rows[0] > rows[1] > ... (Holm over the links); `between` every `over` row < row < every
-`under` row (Holm)."""
+`under` row (Holm); `matched_order` series[0] > series[1] > ... (Holm over the links), each series a curve of rows
+(one per threshold, say) compared on `column` at matched values of the column `x` (the replacement rate): each
+series' `column` interpolated linearly in its measured `x` at common x values inside every series' measured range."""
 CLAIM_DIRECTIONS = ("higher", "lower")
-_CLAIM_KEYS = ("id", "text", "table", "column", "kind", "backbone", "row", "over", "under", "rows", "direction")
+_CLAIM_KEYS = ("id", "text", "table", "column", "kind", "backbone", "row", "over", "under", "rows", "direction",
+               "series", "x")
 _CLAIM_KIND_KEYS = {
     "better": ("row", "over"),
     "best_of": ("row", "over"),
     "order": ("rows",),
     "between": ("row", "over", "under"),
+    "matched_order": ("series", "x"),
 }
 """The row keys each claim kind requires (the others are refused)."""
 _ROW_KEYS = ("label", "backbone", "run", "decode", "paper", "baseline")
@@ -150,6 +157,32 @@ class Column:
     """train_mean only: the training metric (a key of the runs' metrics.jsonl) averaged over steps."""
     of: str | None = None
     """versus only: the earlier accuracy column whose per-question values the paired test compares."""
+    metric_at: tuple[tuple[str, str], ...] = ()
+    """A per-scale binding of an evaluation metric (config ``metric: {paper: pass@16, tiny: pass@8, micro: pass@4,
+    smoke: pass@4}``), sorted (scale, metric) pairs; empty = `metric` at every scale. `metric` is then the paper-scale
+    one, the metric the column's name and the paper's numbers stand for; `metric_for` / `label_at` give the metric read
+    and the name shown at a scale."""
+
+    def metric_for(self, scale: str | None) -> str | None:
+        """The metric this column reads at `scale`: its per-scale binding there (the scale itself, else the scale whose
+        entries it reads: smoke -> paper), else `metric` (also for scale None)."""
+        table = dict(self.metric_at)
+        if scale is None or not table:
+            return self.metric
+        return table.get(scale, table.get(spec_scale(scale), self.metric))
+
+    def label_at(self, scale: str | None) -> str:
+        """The column's name as shown at `scale`: `name` where the column reads `metric` there; where a per-scale
+        binding reads another k, the name with the paper's k replaced by this scale's (``Pass@16`` -> ``Pass@8``), or,
+        when the name does not show the paper's k, the name followed by the metric read (``Best (pass@8)``)."""
+        metric = self.metric_for(scale)
+        if metric is None or self.metric is None or metric == self.metric:
+            return self.name
+        (kind, _, n), (kind_here, _, n_here) = self.metric.partition("@"), metric.partition("@")
+        shown = re.compile(rf"(?<=@){re.escape(n)}(?![0-9])")
+        if n and n_here and kind == kind_here and shown.search(self.name):
+            return shown.sub(n_here, self.name)
+        return f"{self.name} ({metric})"
 
     @property
     def is_comparison(self) -> bool:
@@ -208,9 +241,26 @@ class Claim:
     under: tuple[tuple[str, str], ...] = ()
     rows: tuple[tuple[str, str], ...] = ()
     direction: str = "higher"
+    series: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    """matched_order only: (name, rows) per series, in the claimed order (best first)."""
+    x: str | None = None
+    """matched_order only: the column the series are matched on (the replacement rate)."""
+
+    def series_links(self) -> list[tuple[str, str]]:
+        """matched_order: the (better, worse) pairs of series names the claim needs, consecutive in its order."""
+        names = [name for name, _ in self.series]
+        return list(zip(names[:-1], names[1:]))
+
+    def refs(self) -> list[tuple[str, str]]:
+        """Every row the claim reads, in order, without repeats."""
+        rows = [r for pair in self.comparisons() for r in pair] + [r for _, rs in self.series for r in rs]
+        return list(dict.fromkeys(rows))
 
     def comparisons(self) -> list[tuple[tuple[str, str], tuple[str, str]]]:
-        """The (winner, loser) pairs the claim needs, each `winner > loser` (in `direction`)."""
+        """The (winner, loser) pairs of rows the claim needs, each `winner > loser` (in `direction`); none for
+        matched_order, which compares series of rows (`series_links`)."""
+        if self.kind == "matched_order":
+            return []
         if self.kind == "order":
             return list(zip(self.rows[:-1], self.rows[1:]))
         assert self.row is not None
@@ -326,21 +376,23 @@ class TableSpec:
             f"choices: {[c.name for c in self.columns]}"
         )
 
-    def leaves(self, column: Column) -> list[tuple[str, str]]:
-        """The (paper benchmark, symbolic metric) pairs a column averages over, in order.
+    def leaves(self, column: Column, scale: str | None = None) -> list[tuple[str, str]]:
+        """The (paper benchmark, symbolic metric) pairs a column averages over, in order: each column's metric at
+        `scale` (its per-scale binding, `Column.metric_for`), or its paper-scale `metric` when `scale` is None.
 
         An `average_of` column expands its referenced columns recursively; a pair appearing
         twice is counted once. A training column (step_time) has none.
         """
         if column.is_comparison:
             assert column.of is not None
-            return self.leaves(self.column(column.of))
+            return self.leaves(self.column(column.of), scale)
         if column.average_of is None:
-            assert column.metric is not None
-            return [(bench, column.metric) for bench in column.paper_benchmarks]
+            metric = column.metric_for(scale)
+            assert metric is not None
+            return [(bench, metric) for bench in column.paper_benchmarks]
         pairs: list[tuple[str, str]] = []
         for ref in column.average_of:
-            for pair in self.leaves(self.column(ref)):
+            for pair in self.leaves(self.column(ref), scale):
                 if pair not in pairs:
                     pairs.append(pair)
         return pairs
@@ -427,10 +479,12 @@ class PaperSpec:
 
     def leaves_at(self, table: str, column: Column | str, scale: str
                   ) -> tuple[list[tuple[str, str]], list[str]]:
-        """(mapped (benchmark, metric) pairs, benchmarks without a stand-in) of a column at `scale`."""
+        """(mapped (benchmark, metric) pairs, benchmarks without a stand-in) of a column at `scale`; each metric is the
+        one its column reads at `scale` (`Column.metric_for`: a per-scale binding such as ``pass@16`` at paper scale,
+        ``pass@8`` at tiny)."""
         spec = self.table(table)
         col = spec.column(column) if isinstance(column, str) else column
-        leaves = spec.leaves(col)
+        leaves = spec.leaves(col, scale)
         mapped = [(b, m) for b, m in leaves if self.has_suite(b, scale)]
         unmapped = list(dict.fromkeys(b for b, _ in leaves if not self.has_suite(b, scale)))
         return mapped, unmapped
@@ -707,6 +761,10 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
     where = f"{where} ({name})"
     if name in names:
         chk.fail(f"{where}.name", f"duplicate column name {name!r}", names)
+    metric_at: tuple[tuple[str, str], ...] = ()
+    if isinstance(body.get("metric"), Mapping):  # a per-scale binding: parsed here, `metric` = its paper-scale value
+        metric, metric_at = _parse_metric_at(chk, body["metric"], f"{where}.metric", paper)
+        body = {**body, "metric": metric}
     kinds = [k for k in ("benchmark", "benchmarks", "average_of") if k in body]
     if "metric" in body:  # an unknown metric first: it decides which keys the column takes
         _check_metric(chk, body["metric"], f"{where}.metric")
@@ -744,11 +802,39 @@ def _parse_column(chk: _Checker, data: Any, where: str, paper: Mapping[str, Any]
     metric = _check_metric(chk, body["metric"], f"{where}.metric")
     if "benchmark" in body:
         bench = chk.choice(body["benchmark"], f"{where}.benchmark", benchmarks)
-        return Column(name, benchmark=bench, metric=metric, weighting=weighting)
+        return Column(name, benchmark=bench, metric=metric, weighting=weighting, metric_at=metric_at)
     benches = chk.strings(body["benchmarks"], f"{where}.benchmarks")
     for i, bench in enumerate(benches):
         chk.choice(bench, f"{where}.benchmarks[{i}]", benchmarks)
-    return Column(name, benchmarks=benches, metric=metric, weighting=weighting)
+    return Column(name, benchmarks=benches, metric=metric, weighting=weighting, metric_at=metric_at)
+
+
+def _parse_metric_at(chk: _Checker, data: Mapping, where: str, paper: Mapping[str, Any]
+                     ) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A column's per-scale metric binding ``{paper: pass@16, tiny: pass@8, micro: pass@4, smoke: pass@4}``: one
+    evaluation metric of one kind (pass@N at every scale, say) for every scale of the paper's backbones, `smoke`
+    optional (it reads the paper-scale one otherwise). Returns (the paper-scale metric: the one the column's name and
+    the paper's numbers stand for, the sorted (scale, metric) pairs)."""
+    from creditlab.scales import SCALES
+
+    scales = sorted({s for per_scale in paper["backbones"].values() for s in per_scale})
+    for scale in data:
+        chk.choice(scale, f"{where}.{scale}", SCALES)
+    missing = [s for s in scales if s not in data]
+    if missing:
+        chk.fail(where, f"a per-scale metric needs every scale of the paper's backbones; missing {missing}", scales)
+    kinds = set()
+    for scale, metric in data.items():
+        _check_metric(chk, metric, f"{where}.{scale}")
+        if metric not in EVAL_METRICS and not _FIXED_K.fullmatch(metric):
+            chk.fail(f"{where}.{scale}", f"a per-scale metric binds an evaluation metric, got {metric!r}",
+                     [*EVAL_METRICS, "pass@N"])
+        kinds.add(metric.partition("@")[0] if "@" in metric else metric)
+    if len(kinds) != 1:
+        chk.fail(where, f"a per-scale metric is one metric at each scale's k, got several kinds {sorted(kinds)}: "
+                 f"{dict(data)}")
+    paper_metric = data.get("paper", data[scales[0]] if scales else next(iter(data.values())))
+    return str(paper_metric), tuple(sorted((str(s), str(m)) for s, m in data.items()))
 
 
 def _parse_versus_column(chk: _Checker, body: dict, where: str, name: str, paper: Mapping[str, Any],
@@ -968,7 +1054,7 @@ def _parse_claims(chk: _Checker, data: Any, tables: Mapping[str, TableSpec]) -> 
                      [c.name for c in spec.columns if c.metric != "steps_to"])
         kind = chk.choice(body["kind"], f"{where}.kind", CLAIM_KINDS)
         needed = _CLAIM_KIND_KEYS[kind]
-        for key in ("row", "over", "under", "rows"):
+        for key in ("row", "over", "under", "rows", "series", "x"):
             if key in body and key not in needed:
                 chk.fail(f"{where}.{key}", f"a {kind} claim takes no {key!r}", needed)
             if key in needed and key not in body:
@@ -1004,11 +1090,42 @@ def _parse_claims(chk: _Checker, data: Any, tables: Mapping[str, TableSpec]) -> 
             fields["under"] = refs("under", 1)
         if "rows" in needed:
             fields["rows"] = refs("rows", 2)
+        if kind == "matched_order":
+            fields.update(_parse_series(chk, body, where, spec, column, ref))
         claim = Claim(cid, text, table, column, kind, direction=direction, **fields)
         if any(a == b for a, b in claim.comparisons()):
             chk.fail(where, "a claim compares a row with itself")
         claims.append(claim)
     return tuple(claims)
+
+
+def _parse_series(chk: _Checker, body: Mapping, where: str, spec: TableSpec, column: str, ref) -> dict[str, Any]:
+    """A matched_order claim's `x` (an evaluation column of the table other than `column`) and `series` (a mapping
+    name -> non-empty list of row labels, at least two series, in the claimed order, no row in two; where `x` is a
+    replacement rate every row is a test-time decoding)."""
+    accuracy = [c.name for c in spec.columns if not (c.is_training or c.is_comparison) and c.name != column]
+    x = chk.choice(body["x"], f"{where}.x", accuracy)
+    data = body["series"]
+    if not isinstance(data, Mapping) or len(data) < 2:
+        chk.fail(f"{where}.series", f"expected a mapping of at least 2 series name -> [row labels] (in the claimed "
+                 f"order), got {data!r}")
+    series: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    seen: dict[tuple[str, str], str] = {}
+    for name, labels in data.items():
+        at = f"{where}.series.{name}"
+        if not isinstance(labels, list) or not labels:
+            chk.fail(at, f"expected a non-empty list of row labels, got {labels!r}")
+        rows = tuple(ref(label, f"{at}[{j}]") for j, label in enumerate(labels))
+        for j, row in enumerate(rows):
+            if row in seen:
+                chk.fail(f"{at}[{j}]", f"row {row[0]!r} is already in series {seen[row]!r}")
+            seen[row] = str(name)
+            if spec.column(x).metric_for(None) == "replacement_rate" and not next(
+                    r for r in spec.rows if (r.label, r.backbone) == row).decode:
+                chk.fail(f"{at}[{j}]", f"row {row[0]!r} has no test-time decoding: it has no {x!r} "
+                         f"(replacement_rate) to match on")
+        series.append((str(name), rows))
+    return {"series": tuple(series), "x": x}
 
 
 def _parse_analyses(chk: _Checker, data: Any, paper: Mapping[str, Any]) -> dict[str, AnalysisSpec]:
