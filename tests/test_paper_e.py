@@ -19,6 +19,7 @@ from creditlab.algos.cancellation import (
     cancellation_residual,
     group_coefficients,
     loss_token_coefficients,
+    shared_tokens,
     within_group_transform,
 )
 from creditlab.algos.losses import (
@@ -72,6 +73,13 @@ def test_registry_names_and_signatures():
     for n in ("grpo_fix", "dfpo"):
         with pytest.raises(ValueError, match="needs group_ids"):
             registry.get("policy_loss", n)(logp, old, adv, mask)
+    # GRPO-fix's shared tokens are token ids: the engines pass `responses` to a loss that names it
+    p = inspect.signature(grpo_fix_loss).parameters["responses"]
+    assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None
+    with pytest.raises(ValueError, match="needs responses"):
+        grpo_fix_loss(logp, old, adv, mask, group_ids=gid)
+    with pytest.raises(ValueError, match="responses has shape"):
+        grpo_fix_loss(logp, old, adv, mask, group_ids=gid, responses=torch.zeros(2, 3, dtype=torch.long))
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -201,33 +209,98 @@ def test_dfpo_without_transform_is_gspo():
 
 
 # ------------------------------------------------------------------------------------ GRPO-fix
-def test_grpo_fix_prunes_a_position_in_every_rollout_of_the_group():
-    logp, old, adv, mask, gid, _ = _groups(6, shift=0.25)
-    lp = logp.clone().requires_grad_(True)
-    loss, stats = grpo_fix_loss(lp, old, adv, mask, group_ids=gid)
-    loss.backward()
-    ref_loss, _ = _grpo(logp, old, adv, mask)
-    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)  # values unchanged, only gradients
+def _tokens(seed: int, shape, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_shared_tokens_match_a_direct_reading():
+    """Paper E's one definition of a shared token: a valid token whose id occurs (valid) in >= 2 distinct
+    rollouts of its group, at any position; checked occurrence by occurrence."""
+    _, _, _, mask, gid, _ = _groups(20, n_groups=3, G=4, T=7)
+    mask[5] = 0.0  # an empty row: none of its tokens exist
+    tok = _tokens(1, mask.shape, 9)
+    st = shared_tokens(tok, mask, gid)
+    B, T = mask.shape
+    occ = defaultdict(set)  # (group id, token id) -> rollouts with a valid occurrence
+    for i in range(B):
+        for t in range(T):
+            if mask[i, t] > 0:
+                occ[int(gid[i]), int(tok[i, t])].add(i)
+    want = torch.tensor([[mask[i, t] > 0 and len(occ[int(gid[i]), int(tok[i, t])]) >= 2 for t in range(T)]
+                         for i in range(B)])
+    assert torch.equal(st.shared, want) and 0 < int(want.sum()) < int((mask > 0).sum())
+    assert len(st.key_group) == len(occ) and st.n_groups == 3 and (st.key[mask == 0] == -1).all()
+    groups = gid.unique().tolist()
+    for i in range(B):  # one key per (group, token id) pair, with its group and its rollout count
+        for t in range(T):
+            if mask[i, t] > 0:
+                k = int(st.key[i, t])
+                assert groups[int(st.key_group[k])] == int(gid[i])
+                assert int(st.key_rollouts[k]) == len(occ[int(gid[i]), int(tok[i, t])])
+                same = (st.key == k)
+                assert torch.equal(same, (gid[:, None] == gid[i]) & (tok == tok[i, t]) & (mask > 0))
+    # a token repeated inside one rollout is not shared; the same id in another group does not count
+    one = shared_tokens(torch.tensor([[4, 4, 1], [2, 3, 1], [4, 5, 6]]), torch.ones(3, 3), torch.tensor([0, 0, 1]))
+    assert one.shared.tolist() == [[False, False, True], [False, False, True], [False, False, False]]
+    assert shared_tokens(tok, torch.zeros_like(mask), gid).shared.sum() == 0  # no valid token
+
+
+def _grpo_fix_reference(logp, old, adv, mask, gid, tok):
+    """d loss / d logp of GRPO-fix, token by token: a shared token id (>= 2 rollouts of the group, any position)
+    pruned at any of its occurrences in the group is pruned at all of them; others keep GRPO's own clip."""
     B, T = logp.shape
     own = grpo_pruned(logp, old, adv, mask)
-    want = torch.zeros(B, T, dtype=D)
-    n_common = 0
+    occ = defaultdict(list)
+    for j in range(B):
+        for s in range(T):
+            if mask[j, s] > 0:
+                occ[int(gid[j]), int(tok[j, s])].append((j, s))
+    grad = torch.zeros(B, T, dtype=D)
+    pruned = torch.zeros(B, T, dtype=torch.bool)
     for i in range(B):
         L = int(mask[i].sum())
         for t in range(L):
-            common = any(bool(own[j, t]) for j in range(B) if gid[j] == gid[i] and mask[j, t] > 0)
-            n_common += common
-            if not common:
-                r = math.exp(float(logp[i, t] - old[i, t]))
-                want[i, t] = -float(adv[i, t]) * r / L / B
-    assert 0 < own.sum() < n_common  # the common mask prunes more than each rollout's own
+            o = occ[int(gid[i]), int(tok[i, t])]
+            shared = len({j for j, _ in o}) >= 2
+            pruned[i, t] = any(bool(own[j, s]) for j, s in o) if shared else bool(own[i, t])
+            if not pruned[i, t]:
+                grad[i, t] = -float(adv[i, t]) * math.exp(float(logp[i, t] - old[i, t])) / L / B
+    return grad, pruned, own
+
+
+def test_grpo_fix_prunes_a_shared_token_at_every_occurrence_in_its_group():
+    logp, old, adv, mask, gid, _ = _groups(6, shift=0.12)
+    tok = _tokens(2, mask.shape, 40)
+    lp = logp.clone().requires_grad_(True)
+    loss, stats = grpo_fix_loss(lp, old, adv, mask, group_ids=gid, responses=tok)
+    loss.backward()
+    ref_loss, _ = _grpo(logp, old, adv, mask)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-12)  # values unchanged, only gradients
+    want, pruned, own = _grpo_fix_reference(logp, old, adv, mask, gid, tok)
     torch.testing.assert_close(lp.grad, want, rtol=1e-10, atol=1e-15)
-    assert stats["grpo_fix_pruned_frac"] == pytest.approx(n_common / mask.sum().item())
+    shared = shared_tokens(tok, mask, gid).shared
+    valid = mask > 0
+    assert stats["grpo_fix_pruned_frac"] == pytest.approx(int(pruned.sum()) / int(valid.sum()))
+    assert stats["grpo_fix_shared_frac"] == pytest.approx(int(shared.sum()) / int(valid.sum()))
+    # the cancellation diagnostic scores the same shared tokens
+    res = cancellation_residual(lp.grad, tok, mask, gid)
+    assert res["shared_token_frac"] == pytest.approx(stats["grpo_fix_shared_frac"])
+    # every case occurs: pruned through another occurrence of a shared id, shared and trained, unshared with
+    # GRPO's own clip, unshared and trained
+    assert (shared & pruned & ~own).any() and (shared & ~pruned & valid).any()
+    assert (~shared & own).any() and (~shared & ~pruned & valid).any()
+    # not the position reading (a position pruned in any rollout of the group is pruned in all)
+    by_pos = torch.zeros_like(pruned)
+    for i in range(mask.shape[0]):
+        sel = (gid == gid[i])[:, None] & valid
+        by_pos[i] = (own & sel).any(0) & valid[i]
+    assert not torch.equal(by_pos, pruned)
 
 
 def test_grpo_fix_without_clipping_is_grpo():
     logp, old, adv, mask, gid, _ = _groups(7, shift=0.02)
-    g_fix = loss_token_coefficients(grpo_fix_loss, logp, old, adv, mask, group_ids=gid)
+    g_fix = loss_token_coefficients(grpo_fix_loss, logp, old, adv, mask, group_ids=gid,
+                                    responses=_tokens(3, mask.shape, 5))
     g_grpo = loss_token_coefficients(_grpo, logp, old, adv, mask)
     torch.testing.assert_close(g_fix, g_grpo)
 
@@ -303,7 +376,8 @@ def test_grpo_with_group_constant_weights_has_zero_residual():
 def test_asymmetric_clipping_breaks_cancellation_and_the_fixes_restore_it():
     logp, old, adv, mask, gid, tok, A = _shared_example(permute=False)
     res = {}
-    for name, fn, kw in [("grpo", _grpo, {}), ("gspo", gspo_loss, {}), ("grpo_fix", grpo_fix_loss, {"group_ids": gid}),
+    for name, fn, kw in [("grpo", _grpo, {}), ("gspo", gspo_loss, {}),
+                         ("grpo_fix", grpo_fix_loss, {"group_ids": gid, "responses": tok}),
                          ("dfpo_project", dfpo_loss, {"group_ids": gid, "transform": "project"}),
                          ("dfpo_min", dfpo_loss, {"group_ids": gid, "transform": "min_replace", "weight": "token_mean",
                                                   "eps_low": 0.2, "eps_high": 0.2})]:
@@ -312,8 +386,11 @@ def test_asymmetric_clipping_breaks_cancellation_and_the_fixes_restore_it():
         res[name] = cancellation_residual(g, tok, mask, gid, adv=A)["rel_residual"]
     assert res["grpo"] > 0.01 and res["gspo"] > 0.01
     assert res["grpo_fix"] < 1e-12 and res["dfpo_project"] < 1e-12 and res["dfpo_min"] < 1e-12
-    # permuted sequences (same multiset, different positions): DFPO still cancels exactly
+    # permuted sequences (same multiset, different positions): DFPO and GRPO-fix (shared tokens are token ids,
+    # at any position) still cancel exactly
     logp, old, adv, mask, gid, tok, A = _shared_example(permute=True)
+    g = loss_token_coefficients(grpo_fix_loss, logp, old, adv, mask, group_ids=gid, responses=tok)
+    assert g.abs().sum() > 0 and cancellation_residual(g, tok, mask, gid)["rel_residual"] < 1e-12
     for transform in ("project", "min_replace"):
         g = loss_token_coefficients(dfpo_loss, logp, old, adv, mask, group_ids=gid, transform=transform,
                                     weight="token_mean", eps_low=0.2, eps_high=0.2)
@@ -348,7 +425,8 @@ def test_losses_tolerate_empty_rows_and_float32():
     logp, old, adv, mask, gid, _ = _groups(12)
     mask[3] = 0.0
     f = torch.float32
-    for name, kw in [("gspo", {}), ("grpo_fix", {"group_ids": gid}), ("dfpo", {"group_ids": gid}),
+    tok = _tokens(4, mask.shape, 6)
+    for name, kw in [("gspo", {}), ("grpo_fix", {"group_ids": gid, "responses": tok}), ("dfpo", {"group_ids": gid}),
                      ("dfpo", {"group_ids": gid, "transform": "min_replace"})]:
         lp = logp.to(f).requires_grad_(True)
         loss, stats = registry.get("policy_loss", name)(lp, old.to(f), adv.to(f), mask.to(f), **kw)
@@ -373,7 +451,8 @@ def test_method_configs_compose_and_are_registered():
         fn = registry.get("policy_loss", loss_name)
         params = inspect.signature(fn).parameters
         assert set(m["loss_kwargs"]) <= {p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
-        kw = dict(m["loss_kwargs"]) | ({"group_ids": gid} if "group_ids" in params else {})
+        kw = dict(m["loss_kwargs"]) | ({"group_ids": gid} if "group_ids" in params else {}) | \
+            ({"responses": _tokens(5, mask.shape, 6)} if "responses" in params else {})
         loss, _ = fn(logp.clone().requires_grad_(True), old, adv, mask, **kw)
         assert torch.isfinite(loss)
     assert compose(scale="micro", backbone="micro-s", method="gspo")["method"]["loss_kwargs"] == {

@@ -61,8 +61,9 @@ def test_paper_scale_plans_every_table_of_the_five_papers(paper_plan):
     assert sorted(paper_plan.tables) == sorted(every) and paper_plan.skipped_tables == []
     assert len(every) == 16
     trained = [r for r in paper_plan.runs.values() if r.trains]
-    # 7 Paper A + 24 Paper B + 12 x 5 seeds Paper E + 13 Paper C + 7 Paper D
-    assert len(trained) == 111 and len(paper_plan.runs) == 113
+    # 7 Paper A + 24 Paper B + 16 x 5 seeds Paper E (Table 1 and the G sweep run both DFPO transforms) + 13 Paper C
+    # + 7 Paper D
+    assert len(trained) == 131 and len(paper_plan.runs) == 133
     assert paper_plan.paper_seeds("dfpo") == [0, 1, 2, 3, 4] and paper_plan.paper_seeds("arca") == [1337]
     suites = yaml.safe_load((CONFIG_DIR / "suites" / "paper.yaml").read_text())
     for p in PAPERS:  # every table's benchmark has a suite of the paper-scale catalog, every backbone a hub model
@@ -309,9 +310,9 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     assert proc.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.rindex("Job stats:"):], re.M))
     assert {k: int(v) for k, v in counts.items()} == {
-        "init_tracking": 1, "prepare_data": 1, "warmup": 9, "train": 111, "evaluate": 113, "evaluate_decode": 19,
+        "init_tracking": 1, "prepare_data": 1, "warmup": 9, "train": 131, "evaluate": 133, "evaluate_decode": 19,
         "table": 16, "ledger": 5, "figure": 5, "token_credit_figure": 1, "analysis": 5, "diagnose": 1, "all": 1,
-        "total": 288}, counts  # fmt: skip
+        "total": 328}, counts  # fmt: skip
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
     checked = 0
     for rule, wildcards, resources in jobs:
@@ -324,7 +325,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         want = v["nnodes"] * v["n_gpus_per_node"] if rule == "train" else v["rollout_tp"]
         assert int(res["gpu"]) == want, (rule, w, res)
         checked += 1
-    assert checked == 111 + 113 + 19
+    assert checked == 131 + 133 + 19
     print(f"paper-scale dry run: {seconds:.1f} s")
 
 
@@ -382,12 +383,12 @@ def _vllm_free_lora_check(monkeypatch):
 
 
 @pytest.mark.parametrize("papers,n_runs,several_nodes", [
-    (PAPERS, 111, True),
+    (PAPERS, 131, True),
     (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
 ], ids=["five-papers", "headtohead"])
 def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch, papers, n_runs,
                                                              several_nodes):
-    """Each of the 111 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its verl command's overrides, the verl plug-in's own included
+    """Each of the 131 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
     build (actor, ref, rollout, model, algorithm, checkpoint engine, skip, distillation, critic when used), the

@@ -237,7 +237,8 @@ def _rank_minibatch(loss, n_groups=4, seed=0, dtype=torch.float64):
                      "advantages": _nt(adv[i, :n] for i, n in enumerate(R)), "row": torch.arange(B)},
                     batch_size=[B])
     td["uid"] = tu.get_tensordict({"uid": [uids[int(i)] for i in gids]})["uid"]
-    return SimpleNamespace(td=td, P=P, R=R, mask=mask, old=old, new=new, adv=adv, gids=gids, B=B)
+    tok = torch.stack([torch.nn.functional.pad(r, (0, T - len(r))) for r in resps])  # Tensor[B, T] token ids
+    return SimpleNamespace(td=td, P=P, R=R, mask=mask, old=old, new=new, adv=adv, gids=gids, B=B, tok=tok)
 
 
 def _verl_loss_path(mb, loss, agg, dp, force_group, budget):
@@ -289,6 +290,8 @@ def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, 
 
     def creditlab(rows, **extra):
         leaf = mb.new[rows].clone().requires_grad_(True)
+        if loss == "grpo_fix":  # its shared tokens are token ids: the micro-batch's `responses` reach it
+            extra["responses"] = mb.tok[rows]
         value, stats = direct(leaf, mb.old[rows], mb.adv[rows], mb.mask[rows], group_ids=mb.gids[rows], agg=agg,
                               **extra, **kw)
         return value, torch.autograd.grad(value, leaf)[0], stats
@@ -320,7 +323,7 @@ def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, 
     if loss == "dfpo":
         assert stats["dfpo_cancel_rel_before"] > 1e-3 and stats["dfpo_cancel_rel_after"] < 1e-9  # the transform acts
     else:
-        assert 0 < stats["grpo_fix_pruned_frac"] < 1
+        assert 0 < stats["grpo_fix_pruned_frac"] < 1 and 0 < stats["grpo_fix_shared_frac"] < 1
     # without force_group_size verl's token-balanced micro-batches split groups: a different loss
     split = _verl_loss_path(mb, loss, agg, dp, 1, budget)
     assert any(len({int(mb.gids[i]) for i in r}) * GROUP != len(r) for r, _, _ in split)
@@ -338,7 +341,7 @@ def test_worker_installs_the_group_ids_wrapper_for_group_coupled_losses():
 
     for mode, wrapped in (("creditlab_dfpo", True), ("creditlab_grpo_fix", True), ("creditlab_dapo", False),
                           ("vanilla", False)):
-        inner = (lambda model_output, data, dp_group=None: (model_output, plugin.current_group_ids()))
+        inner = (lambda model_output, data, dp_group=None: (plugin.current_responses(4), plugin.current_group_ids()))
         worker = SimpleNamespace(actor=_Actor(), loss_fn=inner,
                                  config=OmegaConf.create({"actor": {"policy_loss": {"loss_mode": mode}}}))
         assert vworkers.install_group_ids(worker) is wrapped
@@ -347,8 +350,12 @@ def test_worker_installs_the_group_ids_wrapper_for_group_coupled_losses():
         if wrapped:
             data = TensorDict({}, batch_size=[3])
             data["uid"] = tu.get_tensordict({"uid": ["b", "a", "b"]})["uid"]
-            _, seen = worker.loss_fn(model_output=1, data=data, dp_group=None)
-            assert seen.tolist() == [1, 0, 1] and plugin.current_group_ids() is None
+            tok, seen = worker.loss_fn(model_output=1, data=data, dp_group=None)
+            assert seen.tolist() == [1, 0, 1] and plugin.current_group_ids() is None and tok is None
+            # the micro-batch's token ids (GRPO-fix's shared tokens), right-padded to the loss's width
+            data["responses"] = _nt([torch.tensor([5, 6]), torch.tensor([7, 8, 9, 10, 11]), torch.tensor([5])])
+            tok, _ = worker.loss_fn(model_output=1, data=data, dp_group=None)
+            assert tok.tolist() == [[5, 6, 0, 0], [7, 8, 9, 10], [5, 0, 0, 0]] and plugin.current_responses(4) is None
             assert vworkers.install_group_ids(worker) is False  # already wrapped
 
 

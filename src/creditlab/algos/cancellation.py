@@ -2,7 +2,8 @@
 
 Reading [ours; the paper has no public code, SPEC.md "Paper E"]. For a policy loss L, write the
 gradient coefficient of each generated token ``g_{i,t} = dL / d logp_{i,t}``. A direction shared
-by the rollouts of one group (the same token id, in the simplest reading) receives
+by the rollouts of one group (a *shared token*: the same token id in several rollouts of the group, at
+any position; ``shared_tokens``, the one definition GRPO-fix and the diagnostic use) receives
 ``sum_i sum_{t: o_{i,t} = v} g_{i,t}``. For a critic-free PG loss ``g_{i,t} = -A_i w_i``, where
 ``w_i`` is the rollout's effective multiplicative weight (aggregation normaliser x importance ratio x
 clip indicator), so a token that every rollout of the group emits once gets ``-sum_i A_i w_i``. Group
@@ -14,6 +15,7 @@ This module holds the tensor pieces shared by the Paper E losses (``algos/losses
 ``grpo_fix``, ``dfpo``) and the diagnostic:
 
 - ``group_index``: dense group index of each rollout;
+- ``shared_tokens``: which tokens are shared within a group (the definition of a shared token);
 - ``within_group_transform``: DFPO's stop-gradient transforms of per-rollout weights (min-replace,
   advantage-orthogonal projection);
 - ``group_coefficients``: ``sum_{i in g} A_i w_i`` per group;
@@ -26,7 +28,7 @@ nothing loops over rollouts. Nothing here imports ``losses`` (``losses`` imports
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,6 +40,55 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     """Dense group index of every rollout: (inv: Tensor[B] long in [0, n_groups), n_groups)."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     return inv, (int(inv.max()) + 1 if inv.numel() else 0)
+
+
+class SharedTokens(NamedTuple):
+    """``shared_tokens``' answer: K (group, token id) pairs, in sorted (group, token id) order."""
+
+    key: Tensor  # Tensor[B, T] long: the pair of each valid token (index into the K pairs), -1 on invalid tokens
+    shared: Tensor  # Tensor[B, T] bool: valid tokens whose pair is shared
+    key_group: Tensor  # Tensor[K] long: dense group index of each pair (``group_index``: groups sorted by id)
+    key_rollouts: Tensor  # Tensor[K] long: distinct rollouts of the group in which the pair occurs
+    key_shared: Tensor  # Tensor[K] bool: key_rollouts >= min_rollouts
+    n_groups: int
+
+
+@torch.no_grad()
+def shared_tokens(responses: Tensor, mask: Tensor, group_ids: Tensor, min_rollouts: int = 2) -> SharedTokens:
+    """Which generated tokens are shared within their group: Paper E's shared token, defined once [ours].
+
+    A valid token (i, t) (mask > 0) with id v = responses[i, t] is *shared* when v occurs at a valid position
+    in at least ``min_rollouts`` (2) distinct rollouts of i's group (rollouts of the batch with the same
+    group id), at any position. Neither the position nor the prefix matters: the paper's cancellation acts
+    "in the shared token space" on "high-frequency tokens" (its abstract), i.e. on the direction of token
+    id v, whose logit-gradient is the same wherever v is emitted, and whose coefficients sum over every
+    occurrence of v in the group (the unit of ``cancellation_residual``, what GRPO-fix's symmetric clip mask
+    is taken over). Occurrences of v within one rollout share its advantage: v in one rollout only is not
+    shared. responses: Tensor[B, T] token ids; mask: Tensor[B, T]; group_ids: Tensor[B]. Returns
+    ``SharedTokens`` (shapes there; K = distinct (group, token id) pairs among the valid tokens).
+    """
+    valid = mask > 0
+    dev = responses.device
+    inv, n_groups = group_index(group_ids.to(dev))
+    B, T = valid.shape
+    rows = torch.arange(B, device=dev)[:, None].expand(B, T)[valid]
+    grp = inv[:, None].expand(B, T)[valid]
+    tok = responses.long()[valid]
+    if tok.numel():
+        _, k = torch.unique(torch.stack([grp, tok]), dim=1, return_inverse=True)
+    else:
+        k = tok.new_zeros(0)
+    n_keys = int(k.max()) + 1 if k.numel() else 0
+    key_group = torch.zeros(n_keys, dtype=torch.long, device=dev).scatter_(0, k, grp)
+    pairs = torch.unique(torch.stack([k, rows]), dim=1)  # distinct (pair, rollout)
+    key_rollouts = torch.zeros(n_keys, dtype=torch.long, device=dev).index_add_(
+        0, pairs[0], torch.ones(pairs.shape[1], dtype=torch.long, device=dev))
+    key_shared = key_rollouts >= min_rollouts
+    key = torch.full((B, T), -1, dtype=torch.long, device=dev)
+    key[valid] = k
+    shared = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    shared[valid] = key_shared[k]
+    return SharedTokens(key, shared, key_group, key_rollouts, key_shared, n_groups)
 
 
 def _group_sum(x: Tensor, inv: Tensor, n: int) -> Tensor:
@@ -110,8 +161,8 @@ def cancellation_residual(grad_coef: Tensor, responses: Tensor, mask: Tensor, gr
     responses: Tensor[B, T] token ids; mask: Tensor[B, T] (> 0 on valid tokens); group_ids: Tensor[B];
     adv: optional Tensor[B] sequence advantages (only to report the per-rollout weights ``w``).
 
-    Shared tokens [ours]: a (group g, token id v) pair is shared when v occurs (valid) in at least
-    ``min_rollouts`` (2) distinct rollouts of g. For each shared pair
+    Shared tokens [ours]: ``shared_tokens`` (a (group g, token id v) pair is shared when v occurs (valid) in
+    at least ``min_rollouts`` (2) distinct rollouts of g, at any position). For each shared pair
         R_{g,v} = |sum_{i in g} sum_{t: o_{i,t} = v} g_{i,t}|,   S_{g,v} = sum_{i in g} sum_{t: o_{i,t} = v} |g_{i,t}|
     and per group  rel_g = sum_v R_{g,v} / sum_v S_{g,v}  in [0, 1]  (0: perfect cancellation; 1: all
     of the shared tokens' coefficients push the same way). Groups with sum_v S_{g,v} = 0 (no shared
@@ -133,22 +184,11 @@ def cancellation_residual(grad_coef: Tensor, responses: Tensor, mask: Tensor, gr
     """
     g = grad_coef.detach().to(torch.float64)
     valid = mask > 0
-    inv, n_groups = group_index(group_ids)
-    B, T = g.shape
-    rows = torch.arange(B, device=g.device)[:, None].expand(B, T)[valid]
-    grp = inv[:, None].expand(B, T)[valid]
-    tok = responses.long()[valid]
+    inv, n_groups = group_index(group_ids.to(g.device))
+    st = shared_tokens(responses.to(g.device), mask, group_ids, min_rollouts)
+    key, key_group, shared = st.key[valid], st.key_group, st.key_shared  # dense (group, token id) pairs
+    n_keys = key_group.numel()
     coef = g[valid]
-
-    # dense (group, token id) key of every valid occurrence
-    _, key = torch.unique(torch.stack([grp, tok]), dim=1, return_inverse=True)
-    n_keys = int(key.max()) + 1 if key.numel() else 0
-    key_group = torch.zeros(n_keys, dtype=torch.long, device=g.device).scatter_(0, key, grp)
-    # distinct rollouts per key: unique (key, row) pairs, counted per key
-    pairs = torch.unique(torch.stack([key, rows]), dim=1)
-    n_rollouts = torch.zeros(n_keys, dtype=torch.long, device=g.device).index_add_(
-        0, pairs[0], torch.ones(pairs.shape[1], dtype=torch.long, device=g.device))
-    shared = n_rollouts >= min_rollouts
 
     key_sum = torch.zeros(n_keys, dtype=torch.float64, device=g.device).index_add_(0, key, coef)
     key_abs = torch.zeros(n_keys, dtype=torch.float64, device=g.device).index_add_(0, key, coef.abs())

@@ -256,7 +256,7 @@ def fipo_loss(
 from creditlab.algos.cancellation import (  # noqa: E402
     TRANSFORMS,
     group_coefficients,
-    group_index,
+    shared_tokens,
     within_group_transform,
 )
 
@@ -338,6 +338,16 @@ def gspo_loss(
     return loss, stats
 
 
+def _need_responses(name: str, responses: Tensor | None, logp: Tensor) -> Tensor:
+    if responses is None:
+        raise ValueError(f"policy loss {name!r} needs responses (Tensor[B, T], the token ids of the mini-batch's "
+                         "rollouts: its shared tokens are token ids); the engines pass them to losses whose "
+                         "signature names `responses`")
+    if responses.shape != logp.shape:
+        raise ValueError(f"responses has shape {tuple(responses.shape)}, expected {tuple(logp.shape)}")
+    return responses.to(logp.device)
+
+
 def _need_group_ids(name: str, group_ids: Tensor | None, logp: Tensor) -> Tensor:
     if group_ids is None:
         raise ValueError(f"policy loss {name!r} needs group_ids (Tensor[B], the prompt group of each rollout of the "
@@ -373,44 +383,52 @@ def grpo_fix_loss(
     mask: Tensor,
     *,
     group_ids: Tensor | None = None,
+    responses: Tensor | None = None,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip_c: float | None = None,
     agg: str = "seq-mean-token-mean",
     denom: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO-fix (Paper E): GRPO whose clip mask is applied symmetrically within each group [ours].
+    """GRPO-fix (Paper E): GRPO whose clip mask is applied symmetrically to each shared token of a group [ours].
 
     GRPO (``dapo_loss`` with eps 0.2 / 0.2, no dual clip, seq-mean-token-mean) zeroes the gradient of
     token (i, t) when its ratio leaves the trust region on the side that matters for the sign of
-    A_{i,t} (``grpo_pruned``: p_{i,t}). Rollouts of one group that share a token (e.g. a common prefix:
-    same position, same ratio) are then pruned in the positive rollouts and trained in the negative
-    ones or vice versa, and the shared gradient no longer cancels. GRPO-fix [ours] replaces each
-    rollout's clip indicator by the group's common one, position-wise:
-        P_{g,t} = OR_{j in g, t valid in j} p_{j,t}      (pruned in any rollout of the group at t)
-    and token (i, t) is trained iff not P_{g(i),t}: a position is trained in all rollouts of the group
-    or in none. A token with P = 1 keeps its loss value and its place in the normaliser (its logp is
-    detached, as a clipped token's gradient is 0 in GRPO); every other token is GRPO's unclipped term
-    (P contains p, so its own min-clip is inactive). Hence with ratio 1 on the trained tokens, equal
-    lengths (or token-mean) and identical group sequences the group gradient cancels exactly. The
-    dual clip, if set, prunes too. Only rollouts present in the mini-batch vote (``group_ids`` of the
-    mini-batch); keep groups whole (``trainer.batching=sequential``, mini-batch size a multiple of G)
-    for the group reading.
-    Shapes: Tensor[B, T] each, group_ids Tensor[B] (required) -> scalar loss; stats: ``dapo_loss``'s
-    (clipfrac is GRPO's own) plus grpo_fix_pruned_frac (valid tokens with P = 1).
+    A_{i,t} (``grpo_pruned``: p_{i,t}). A token id that rollouts of one group share (the same token, in
+    positive and negative rollouts) is then pruned in the positive rollouts and trained in the negative
+    ones or vice versa, and its gradient no longer cancels. GRPO-fix [ours] makes the clip mask
+    symmetric over every shared token (``cancellation.shared_tokens``: the (group g, token id v) pairs
+    with v in >= 2 rollouts of g, any position; the one definition the cancellation diagnostic uses):
+        P_{g,v} = OR_{j in g, t valid in j, o_{j,t} = v} p_{j,t}      (v pruned somewhere in the group)
+        P_{i,t} = P_{g(i), o_{i,t}}  if (g(i), o_{i,t}) is shared,  else p_{i,t}
+    and token (i, t) is trained iff not P_{i,t}: a shared token id is trained at all its occurrences in
+    the group or at none, so its net coefficient is GRPO's unclipped one or 0 (never one sign's share of
+    it); a token id in one rollout only keeps GRPO's own clip. A token with P = 1 keeps its loss value
+    and its place in the normaliser (its logp is detached, as a clipped token's gradient is 0 in GRPO);
+    every other token is GRPO's unclipped term (P contains p, so its own min-clip is inactive). Hence with
+    ratio 1 on the trained tokens, equal lengths (or token-mean) and the same multiset of tokens in every
+    rollout of a group, the group gradient of every token id cancels exactly. The dual clip, if set, prunes
+    too. Only rollouts present in the mini-batch vote (``group_ids`` of the mini-batch); keep groups whole
+    (``trainer.batching=sequential``, mini-batch size a multiple of G) for the group reading.
+    Shapes: Tensor[B, T] each, group_ids Tensor[B] and responses Tensor[B, T] (token ids) required -> scalar
+    loss; stats: ``dapo_loss``'s (clipfrac is GRPO's own) plus grpo_fix_pruned_frac (valid tokens with
+    P = 1) and grpo_fix_shared_frac (valid tokens that are shared).
     """
     group_ids = _need_group_ids("grpo_fix", group_ids, logp)
+    responses = _need_responses("grpo_fix", responses, logp)
     with torch.no_grad():
         pruned = grpo_pruned(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
-        inv, n = group_index(group_ids)
-        count = torch.zeros(n, logp.shape[1], dtype=torch.float32, device=logp.device)
-        count.index_add_(0, inv, pruned.float())
-        common = (count[inv] > 0) & (mask > 0)
+        st = shared_tokens(responses, mask, group_ids)
+        valid = mask > 0
+        key_pruned = torch.zeros(st.key_group.numel(), dtype=torch.long, device=logp.device).index_add_(
+            0, st.key[valid], pruned[valid].long()) > 0
+        common = pruned | (st.shared & key_pruned[st.key.clamp(min=0)])
     logp_fix = torch.where(common, logp.detach(), logp)
     loss, stats = dapo_loss(logp_fix, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
                             dual_clip_c=dual_clip_c, agg=agg, denom=denom)
     with torch.no_grad():
         stats["grpo_fix_pruned_frac"] = _masked_mean(common.float(), mask.float()).item()
+        stats["grpo_fix_shared_frac"] = _masked_mean(st.shared.float(), mask.float()).item()
     return loss, stats
 
 

@@ -144,6 +144,7 @@ def runs_on_worker(fn: Callable) -> bool:
 
 
 _GROUP_IDS: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar("creditlab_group_ids", default=None)
+_RESPONSES: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar("creditlab_responses", default=None)
 
 
 def needs_group_ids(name: str) -> bool:
@@ -160,13 +161,36 @@ def loss_name(loss_mode: str) -> str | None:
 
 
 @contextmanager
-def group_ids_of_micro_batch(group_ids: Tensor):
-    """While active, :func:`current_group_ids` returns ``group_ids`` (Tensor[B] of the micro-batch's rows)."""
-    token = _GROUP_IDS.set(group_ids)
+def group_ids_of_micro_batch(group_ids: Tensor, responses: Tensor | None = None):
+    """While active, :func:`current_group_ids` returns ``group_ids`` (Tensor[B] of the micro-batch's rows) and
+    :func:`current_responses` ``responses`` (Tensor[B, T'] token ids, right-padded, or None)."""
+    token, token_r = _GROUP_IDS.set(group_ids), _RESPONSES.set(responses)
     try:
         yield
     finally:
+        _RESPONSES.reset(token_r)
         _GROUP_IDS.reset(token)
+
+
+def current_responses(width: int) -> Tensor | None:
+    """The token ids of the micro-batch whose loss verl is computing (set by :func:`with_group_ids`), right-padded
+    with 0 or cut to ``width`` columns (the loss's Tensor[B, T]; beyond a row's length the mask is 0), else None."""
+    r = _RESPONSES.get()
+    if r is None:
+        return None
+    r = r[:, :width]
+    return torch.nn.functional.pad(r, (0, width - r.shape[1])) if r.shape[1] < width else r
+
+
+def micro_batch_responses(data: Any) -> Tensor | None:
+    """Tensor[B, T'] long token ids of a verl micro-batch's ``responses`` (nested: right-padded with 0), or None
+    when the micro-batch has no such field (verl's actor micro-batches have it: ``no_padding_2_padding`` reads it)."""
+    if "responses" not in data.keys():  # noqa: SIM118 - a TensorDict has no `in`
+        return None
+    r = data["responses"]
+    if getattr(r, "is_nested", False):
+        r = torch.nn.utils.rnn.pad_sequence(list(r.unbind()), batch_first=True)
+    return r.long()
 
 
 def current_group_ids() -> Tensor | None:
@@ -186,12 +210,13 @@ def micro_batch_group_ids(data: Any) -> Tensor:
 def with_group_ids(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     """verl's worker loss ``loss_fn`` (``functools.partial(verl.workers.utils.losses.ppo_loss, config=...)``,
     called by the engine's ``forward_step`` as ``loss_fn(model_output=..., data=micro_batch, dp_group=...)``)
-    with the micro-batch's group ids (:func:`micro_batch_group_ids`) visible to the registered policy loss
-    for the duration of the call (:func:`current_group_ids`). Everything else is verl's ``ppo_loss``."""
+    with the micro-batch's group ids (:func:`micro_batch_group_ids`) and token ids (:func:`micro_batch_responses`)
+    visible to the registered policy loss for the duration of the call (:func:`current_group_ids`,
+    :func:`current_responses`). Everything else is verl's ``ppo_loss``."""
 
     def loss(*args: Any, **kwargs: Any):
         data = kwargs["data"] if "data" in kwargs else args[1]
-        with group_ids_of_micro_batch(micro_batch_group_ids(data)):
+        with group_ids_of_micro_batch(micro_batch_group_ids(data), micro_batch_responses(data)):
             return loss_fn(*args, **kwargs)
 
     loss.creditlab_group_ids = True  # type: ignore[attr-defined]
@@ -238,11 +263,14 @@ def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[...
     A group-coupled loss (``needs_group_ids``: grpo_fix, dfpo) also gets ``group_ids`` = :func:`current_group_ids`
     (the micro-batch's groups; ValueError outside :func:`with_group_ids`); its groups must be whole in the
     micro-batch (the trainer's order and verl's ``force_group_size``), so that the per-micro-batch loss, rescaled
-    by verl's global normalisers, is the mini-batch's loss restricted to those groups.
+    by verl's global normalisers, is the mini-batch's loss restricted to those groups. A loss whose signature
+    names ``responses`` (grpo_fix: its shared tokens are token ids) gets the micro-batch's token ids,
+    :func:`current_responses` (ValueError outside :func:`with_group_ids`).
     Metrics are verl's style: ``actor/<stat>`` (and ``actor/pg_clipfrac`` for our ``clipfrac``).
     """
     fn = registry.get("policy_loss", name)
     grouped = needs_group_ids(name)
+    takes_tokens = "responses" in inspect.signature(fn).parameters
 
     def loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
              loss_agg_mode: str = "token-mean", config: Any = None, rollout_is_weights: Tensor | None = None):
@@ -268,6 +296,14 @@ def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[...
             if gids.shape != log_prob.shape[:1]:
                 raise ValueError(f"{gids.numel()} group ids for a micro-batch of {log_prob.shape[0]} rows")
             kwargs["group_ids"] = gids.to(log_prob.device)
+        if takes_tokens:
+            resp = current_responses(log_prob.shape[1])
+            if resp is None:
+                raise ValueError(f"policy loss {name!r} needs the token ids of the micro-batch (verl's `responses`): "
+                                 "verl's ppo_loss must run inside plugin.with_group_ids on a micro-batch with them")
+            if resp.shape[0] != log_prob.shape[0]:
+                raise ValueError(f"{resp.shape[0]} responses for a micro-batch of {log_prob.shape[0]} rows")
+            kwargs["responses"] = resp.to(log_prob.device)
         value, stats = fn(log_prob, old_log_prob, advantages, mask, agg=agg, denom=denom, **kwargs)
         metrics = {f"actor/{k}": v for k, v in stats.items()}
         if "clipfrac" in stats:
