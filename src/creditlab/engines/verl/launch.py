@@ -25,7 +25,9 @@ What a run gets (creditlab key -> verl key; the `verl:` block of configs/model/<
   schedule, betas, weight decay, grad clip -> actor.optim.* / actor.grad_clip; the method's clip range, dual clip and
   loss aggregation -> actor.clip_ratio_* / loss_agg_mode (mirrors: verl's own loss uses them; the plug-in's loss reads
   the method from the config file); advantage -> algorithm.adv_estimator (grpo; dr_grpo = grpo without std);
-- DAPO: dynamic_sampling -> algorithm.filter_groups (metric ``acc``, the DAPO reward manager's accuracy); overlong ->
+- DAPO: dynamic_sampling -> algorithm.filter_groups (metric ``acc``, the DAPO reward manager's accuracy) and the
+  plug-in's sampler, which enforces max_gen_batches (verl's replay buffer ignores it; a step that exhausts it raises,
+  as verl's DAPO recipe does); overlong ->
   the ``dapo`` reward manager's overlong_buffer_cfg; reward: engines/verl/reward.py ``compute_score``;
 - sampling: temperature / top_p -> rollout.*; eval.temperature / top_p -> rollout.val_kwargs.* (verl's validation on
   the held-out training slice; the tables' evaluations are separate vLLM jobs);
@@ -275,6 +277,8 @@ def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: b
         "algorithm.use_kl_in_reward": False,
         "algorithm.filter_groups.enable": bool(t["dynamic_sampling"]),
         "algorithm.filter_groups.metric": str((run_cfg.get("verl") or {}).get("filter_metric", "acc")),
+        # verl 0.9.1's V1 replay buffer ignores this key (trainer_base._resolve_filter_groups_metric says so); the
+        # plug-in's sampler (samplers.CappedDapoSampler, same value in its sampler_kwargs) enforces it
         "algorithm.filter_groups.max_num_gen_batches": int(t["max_gen_batches"]),
         # reward: creditlab's verifiers through verl's DAPO reward manager (overlong shaping, `acc` for filtering)
         "reward.reward_manager.name": "dapo",

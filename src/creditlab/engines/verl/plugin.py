@@ -55,6 +55,9 @@ PREFIX = "creditlab_"
 """Prefix of our names in verl's registries: ``creditlab_dapo`` (loss), ``creditlab_grpo`` (advantage)."""
 SAMPLER_PATH = "pkg://creditlab.engines.verl.trainer"
 SAMPLER_NAME = "RewardBalancedSampler"
+DAPO_SAMPLER_PATH = "pkg://creditlab.engines.verl.samplers"
+DAPO_SAMPLER_NAME = "CappedDapoSampler"
+"""verl's replay buffer with DAPO's filter and the max_num_gen_batches cap verl 0.9.1 ignores (samplers.py)."""
 GROUP_BATCHINGS = ("sequential", "query_preserved")
 """trainer.batching values that keep every group whole in one mini-batch and on one rank under verl (the orders
 of ``trainer.CreditlabTrainer._balance_batch``): what a group-coupled loss needs."""
@@ -480,6 +483,9 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
                a micro-batch budget of G whole sequences: ``actor.ppo_max_token_len_per_gpu`` is raised to
                ceil(G (max_prompt_tokens + max_new_tokens) / ulysses_sp) where the launcher's is smaller;
       RB       ``trainer.v1.sampler.custom_sampler.{path,name}`` (our sampler) and its ``sampler_kwargs``;
+      dynamic sampling ``trainer.v1.sampler.custom_sampler`` = ``samplers.CappedDapoSampler`` with ``sampler_kwargs``
+               filter_metric / train_batch_size / max_num_gen_batches (trainer.max_gen_batches): verl's own replay
+               buffer ignores the cap; this one enforces it and raises when a step exhausts it;
       LoRA     ``actor_rollout_ref.model.lora_rank/lora_alpha/target_modules`` (ARCA's reference pass);
       hidden-state credit (DelTA, ARCA) ``actor_rollout_ref.model.use_fused_kernels=false``.
     Raises ValueError for what the verl engine cannot run as configured (unsupported batchings, group-coupled losses
@@ -519,6 +525,13 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
                 f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
                 f"{sk}.rho={rb['rho']}", f"{sk}.max_age={rb['max_age']}", f"{sk}.sign={rb['sign']}",
                 f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}"]
+    if t.get("dynamic_sampling"):  # verl's replay buffer ignores max_num_gen_batches: ours enforces it
+        sk = "+trainer.v1.sampler.sampler_kwargs"
+        out += [f"trainer.v1.sampler.custom_sampler.path={DAPO_SAMPLER_PATH}",
+                f"trainer.v1.sampler.custom_sampler.name={DAPO_SAMPLER_NAME}",
+                f"{sk}.filter_metric={verl_options(run_cfg)['filter_metric']}",
+                f"{sk}.train_batch_size={int(t['prompts_per_step'])}",
+                f"{sk}.max_num_gen_batches={int(t['max_gen_batches'])}"]
 
     if any(runs_on_worker(fn) for kind in ("credit", "token_filter") for fn, _ in method_entries(kind, m.get(kind))):
         out.append("actor_rollout_ref.model.use_fused_kernels=false")  # hidden states come from the LM-head call
