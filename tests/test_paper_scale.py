@@ -104,7 +104,7 @@ def test_paper_hyperparameters_reach_the_run_configs(paper_plan):
     assert (t["prompts_per_step"], t["group_size"], t["prompts_per_step"] // t["mini_batches"]) == (128, 8, 32)
     assert (t["max_prompt_tokens"], t["max_new_tokens"], t["overlong"]["enable"]) == (1024, 8192, False)
     assert (t["batching"], t["reward_balance"]["enable"]) == ("query_preserved", True)
-    assert cfg("qwen3-4b-base", "dapo")["trainer"]["batching"] == "token_balanced"  # verl's own order: the baseline
+    assert cfg("qwen3-4b-base", "dapo")["trainer"]["batching"] == "verl_default"  # verl's own order: the baseline
 
     d = cfg("qwen3-1.7b-base", "arca-r16", 1337)
     t = d["trainer"]

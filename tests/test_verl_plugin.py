@@ -451,8 +451,10 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
 
 
 @pytest.mark.parametrize("method,over,match", [
-    ("dfpo", ["trainer.batching=random"], "couples the rollouts of a group.*'random'"),
-    ("grpo_fix", ["trainer.batching=token_balanced"], "couples the rollouts of a group"),
+    ("dfpo", ["trainer.batching=verl_default"], "couples the rollouts of a group.*'verl_default'"),
+    ("grpo_fix", ["trainer.batching=verl_default"], "couples the rollouts of a group"),
+    ("dapo", ["trainer.batching=random"], "random and token_balanced are local-engine orders"),
+    ("dapo", ["trainer.batching=token_balanced"], "not supported on the verl engine"),
     ("grpo", ["trainer.batching=sequential", "trainer.mini_batches=3"], "not a multiple of trainer.mini_batches=3"),
     ("dapo", ["trainer.batching=sign_partitioned", "trainer.mini_batches=3"], "not a multiple of trainer.mini_b"),
     ("dapo", ["trainer.batching=nope"], "not supported"),
@@ -700,6 +702,17 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
         realised = _realised_minibatches(batch, dp, mini * GROUP)
         assert [[batch.keys.index(k) for _, k in mb] for mb in realised] == \
             [sorted(rows) for rows in vtrainer.verl_minibatches(len(batch), dp, mini * GROUP)]  # our model of verl
+        if name == "verl":  # the local engine's baseline order (verl_default) makes verl's real optimizer steps
+            from creditlab.algos.batching import verl_default_minibatches
+            from creditlab.engines.verl.plugin import group_index
+
+            data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "responses"])
+            order = vtrainer.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
+            ck = [keys[i] for i in order]
+            seq = torch.tensor([tags[i]["seq_len"] for i in order])
+            local = verl_default_minibatches(group_index([vtrainer.uid_of(k) for k in ck]), len(realised),
+                                             torch.Generator(), seq_lengths=seq, n_ranks=dp)
+            assert [sorted(ck[i] for i in mb.tolist()) for mb in local] == [sorted(k for _, k in mb) for mb in realised]
         steps, places = {}, {}  # per group: the optimizer steps / (step, rank) pairs its rollouts land in
         for m, mb in enumerate(realised):
             for rank, k in mb:

@@ -77,12 +77,11 @@ VERL_DEFAULTS: dict[str, Any] = {
     "credit_dp_stats": "rank",  # DelTA's batch statistics: per data-parallel rank, no all-reduce (the official code)
     #                             | "global" (summed over the ranks: an ablation row [ours]); see DP_STATS
     "flipping": {"enable": False, "eps": 1e-3, "every": 1},  # post-update log-prob pass (Paper C, Alg. 1)
-    "rb": {"max_rounds": 4, "on_exhausted": "train_unbalanced"},  # RB sampler: generation rounds per update
     "filter_metric": "acc",  # DAPO's dynamic sampling drops groups whose `acc` (verifier score) ties | "reward"
     #                          (the shaped reward: scale smoke, whose random stand-ins never score, so acc always ties)
 }
 """Options of the plug-in read from an optional ``verl:`` section of the run config [ours]; the launcher
-may leave it out. ``rb.on_exhausted``: ``train_unbalanced`` (the oldest groups, logged) | ``raise``."""
+may leave it out. (RB's rounds and exhaustion policy are ``trainer.reward_balance``'s, shared with the local engine.)"""
 
 
 DP_STATS = ("rank", "global")
@@ -416,12 +415,12 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     """The batching part of :func:`plugin_overrides` (see there); raises ValueError for what verl cannot keep."""
     t = run_cfg["trainer"]
     actor = "actor_rollout_ref.actor"
-    batching = t.get("batching", "random")
+    batching = t.get("batching", "verl_default")
     ordered = (*GROUP_BATCHINGS, "sign_partitioned")  # orders our trainer lays out for verl's contiguous cuts
-    if batching not in ("random", "token_balanced", *ordered):
-        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine; valid choices: "
-                         f"{['random', 'token_balanced', *ordered]} (random and token_balanced both mean verl's own "
-                         "balancing)")
+    if batching not in ("verl_default", *ordered):
+        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (random and "
+                         "token_balanced are local-engine orders; verl_default is verl's own balancing, what the "
+                         f"papers ran); valid choices: {['verl_default', *ordered]}")
     grouped = needs_group_ids(loss)
     if grouped and batching not in GROUP_BATCHINGS:
         raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: every group must be whole in one "
@@ -524,7 +523,8 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
         out += [f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
                 f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
                 f"{sk}.rho={rb['rho']}", f"{sk}.max_age={rb['max_age']}", f"{sk}.sign={rb['sign']}",
-                f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}"]
+                f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}",
+                f"{sk}.max_rounds={rb.get('max_rounds', 4)}", f"{sk}.on_exhausted={rb.get('on_exhausted', 'train_unbalanced')}"]
     if t.get("dynamic_sampling"):  # verl's replay buffer ignores max_num_gen_batches: ours enforces it
         sk = "+trainer.v1.sampler.sampler_kwargs"
         out += [f"trainer.v1.sampler.custom_sampler.path={DAPO_SAMPLER_PATH}",
