@@ -320,7 +320,7 @@ def _verl_steps(seq_lengths, n_ranks, n_minibatches):
     """verl's own path: _balance_batch's partition, dispatch in contiguous rank chunks, contiguous mini-batches."""
     from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 
-    from creditlab.engines.verl.trainer import verl_minibatches
+    from creditlab.engines.verl.ordering import verl_minibatches
 
     parts = get_seqlen_balanced_partitions(calculate_workload(seq_lengths), k_partitions=n_ranks, equal_size=True)
     order = [i for p in parts for i in p]
@@ -346,6 +346,26 @@ def test_verl_default_pads_as_verl_and_uses_every_rollout_once():
     gids = torch.arange(7).repeat_interleave(3)  # 21 rollouts, 8 ranks x 2 mini-batches: 11 padding rows
     mbs = verl_default_minibatches(gids, 2, torch.Generator(), seq_lengths=torch.arange(21) + 10, n_ranks=8)
     assert sorted(torch.cat(mbs).tolist()) == list(range(21))
+
+
+def test_verl_ordering_imports_without_verl_ray_or_transfer_queue():
+    """engines/verl/ordering.py is the pure part of the verl trainer: importable (and usable) with verl, Ray and
+    TransferQueue blocked (``sys.modules[name] = None`` makes any import of them raise ImportError)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('verl', 'ray', 'transfer_queue', 'tensordict'):\n"
+            "    sys.modules[name] = None\n"
+            "import torch\n"
+            "from creditlab.engines.verl import ordering\n"
+            "assert ordering.verl_minibatches(8, 2, 4) == [[0, 1, 4, 5], [2, 3, 6, 7]]\n"
+            "order, _ = ordering.sequential_order(torch.tensor([1, 0, 1, 0]), 2, 1)\n"
+            "assert order == [0, 2, 1, 3], order\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('verl', 'ray', 'transfer_queue')\n"
+            "            and sys.modules[m] is not None]\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
 
 
 def test_paper_scale_baseline_splits_some_groups_random_splits_nearly_all():

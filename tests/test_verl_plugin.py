@@ -37,7 +37,9 @@ from creditlab.algos.credit.base import method_entries  # noqa: E402
 from creditlab.algos.credit.base import CreditInputs, apply_credit  # noqa: E402
 from creditlab.algos.credit.delta import delta_weights  # noqa: E402
 from creditlab.algos.credit.dlogp import dlogp_weights  # noqa: E402
+from creditlab.engines.verl import ordering  # noqa: E402
 from creditlab.engines.verl import plugin  # noqa: E402
+from creditlab.engines.verl import samplers  # noqa: E402
 from creditlab.engines.verl import trainer as vtrainer  # noqa: E402
 from creditlab.engines.verl import workers as vworkers  # noqa: E402
 from creditlab.plan import compose as compose_run  # noqa: E402
@@ -436,7 +438,7 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
         from verl.utils.import_utils import load_extern_object  # how verl's _build_replay_buffer loads it
 
         loaded = load_extern_object(sampler.custom_sampler.path, sampler.custom_sampler.name)
-        assert loaded is vtrainer.RewardBalancedSampler
+        assert loaded is samplers.RewardBalancedSampler
     else:
         assert sampler.custom_sampler.name is None
     if run == "arca":
@@ -585,7 +587,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
         for rewards in pending.pop(0):
             uids.append(_put_group(tq, rewards, step=9)[0])
 
-    sampler = vtrainer.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 1, "sign": "advantage"},
+    sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 1, "sign": "advantage"},
                                              refill_fn=refill, poll_interval=0.01)
     local = RewardBalancedBuffer(2, 0.25, 1)  # the local engine's buffer, fed the same groups
 
@@ -602,7 +604,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
     local_add(round0, 0)
     batch, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=2)
     want, _ = local.select(0)
-    got = list(dict.fromkeys(vtrainer.uid_of(k) for k in batch.keys))
+    got = list(dict.fromkeys(ordering.uid_of(k) for k in batch.keys))
     assert sorted(got) == sorted(want) and len(batch.keys) == 2 * GROUP
     assert metrics["training/rb/emitted"] == 1.0 and metrics["training/rb/rounds"] == 1.0
     listed = tq.kv_list("train")["train"]
@@ -623,7 +625,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
     assert local.select(1)[0] is None
     local_add([[1, 0, 1, 0], [0, 1, 1, 1]], 2)
     want, local_stats = local.select(2)
-    got = list(dict.fromkeys(vtrainer.uid_of(k) for k in batch.keys))
+    got = list(dict.fromkeys(ordering.uid_of(k) for k in batch.keys))
     assert sorted(got) == sorted(want)
     assert metrics["training/rb/dropped"] == local_stats["rb_dropped"] > 0  # round-0 groups aged out at round 2
     listed = tq.kv_list("train")["train"]
@@ -636,14 +638,14 @@ def test_rb_sampler_on_exhausted_trains_the_oldest_groups(transfer_queue, tmp_pa
     tq = transfer_queue
     _clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
-    sampler = vtrainer.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 2, "max_rounds": 1},
+    sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 2, "max_rounds": 1},
                                              refill_fn=None, poll_interval=0.01)
     first = _put_group(tq, [1, 1, 1, 1], step=1)[0]
     second = _put_group(tq, [0, 0, 0, 0], step=1)[0]
     _put_group(tq, [1, 1, 1, 1], step=1)
     batch, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=2)
     assert metrics["training/rb/forced"] == 1.0
-    assert sorted(dict.fromkeys(vtrainer.uid_of(k) for k in batch.keys)) == sorted([first, second])
+    assert sorted(dict.fromkeys(ordering.uid_of(k) for k in batch.keys)) == sorted([first, second])
     _clear_partition(tq)
 
 
@@ -701,23 +703,23 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
         batch = t._balance_batch(batch, metrics)
         realised = _realised_minibatches(batch, dp, mini * GROUP)
         assert [[batch.keys.index(k) for _, k in mb] for mb in realised] == \
-            [sorted(rows) for rows in vtrainer.verl_minibatches(len(batch), dp, mini * GROUP)]  # our model of verl
+            [sorted(rows) for rows in ordering.verl_minibatches(len(batch), dp, mini * GROUP)]  # our model of verl
         if name == "verl":  # the local engine's baseline order (verl_default) makes verl's real optimizer steps
             from creditlab.algos.batching import verl_default_minibatches
             from creditlab.engines.verl.plugin import group_index
 
             data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "responses"])
-            order = vtrainer.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
+            order = ordering.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
             ck = [keys[i] for i in order]
             seq = torch.tensor([tags[i]["seq_len"] for i in order])
-            local = verl_default_minibatches(group_index([vtrainer.uid_of(k) for k in ck]), len(realised),
+            local = verl_default_minibatches(group_index([ordering.uid_of(k) for k in ck]), len(realised),
                                              torch.Generator(), seq_lengths=seq, n_ranks=dp)
             assert [sorted(ck[i] for i in mb.tolist()) for mb in local] == [sorted(k for _, k in mb) for mb in realised]
         steps, places = {}, {}  # per group: the optimizer steps / (step, rank) pairs its rollouts land in
         for m, mb in enumerate(realised):
             for rank, k in mb:
-                steps.setdefault(vtrainer.uid_of(k), set()).add(m)
-                places.setdefault(vtrainer.uid_of(k), set()).add((m, rank))
+                steps.setdefault(ordering.uid_of(k), set()).add(m)
+                places.setdefault(ordering.uid_of(k), set()).add((m, rank))
         frac = (lambda d: sum(len(v) > 1 for v in d.values()) / len(d))
         results[name] = (frac(steps), frac(places), metrics)
     split_verl, scattered_verl, m_verl = results["verl"]
@@ -767,8 +769,8 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
 
 def test_zero_signal_frac_counts_groups_whose_advantages_all_vanish():
     adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
-    assert vtrainer.zero_signal_frac(adv, torch.tensor([0, 0, 1, 1, 2, 2])) == pytest.approx(2 / 3)
-    assert vtrainer.zero_signal_frac(adv, torch.tensor([0, 1, 1, 1, 1, 2])) == pytest.approx(2 / 3)
+    assert ordering.zero_signal_frac(adv, torch.tensor([0, 0, 1, 1, 2, 2])) == pytest.approx(2 / 3)
+    assert ordering.zero_signal_frac(adv, torch.tensor([0, 1, 1, 1, 1, 2])) == pytest.approx(2 / 3)
 
 
 def test_content_order_does_not_depend_on_arrival():
@@ -776,10 +778,10 @@ def test_content_order_does_not_depend_on_arrival():
     prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 2]), torch.tensor([3])]
     responses = [torch.tensor([5]), torch.tensor([6]), torch.tensor([7]), torch.tensor([8])]
     first = [(tuple(prompts[i].tolist()), tuple(responses[i].tolist())) for i in
-             vtrainer.content_order(prompts, responses)]
+             ordering.content_order(prompts, responses)]
     perm = [3, 0, 2, 1]
     second = [(tuple(prompts[perm[i]].tolist()), tuple(responses[perm[i]].tolist())) for i in
-              vtrainer.content_order([prompts[j] for j in perm], [responses[j] for j in perm])]
+              ordering.content_order([prompts[j] for j in perm], [responses[j] for j in perm])]
     assert first == second and sorted(first) == sorted(zip(map(lambda t: tuple(t.tolist()), prompts),
                                                            map(lambda t: tuple(t.tolist()), responses)))
     assert {first[0][0], first[1][0]} == {first[0][0]}  # a group's rollouts stay together
@@ -788,12 +790,12 @@ def test_content_order_does_not_depend_on_arrival():
 def test_sign_order_is_sequential_cuts_of_the_sides():
     """trainer.sign_order: a permutation; with the positives filling whole mini-batches exactly, no step mixes."""
     adv = torch.tensor([1.0, -1, 1, -1, 0, 1, -1, 1])  # 4 positive of 8: 2 mini-batches of 4 are single-sign
-    order, per_rank, mixed = vtrainer.sign_order(adv, 2, 2, torch.Generator().manual_seed(0))
+    order, per_rank, mixed = ordering.sign_order(adv, 2, 2, torch.Generator().manual_seed(0))
     assert sorted(order) == list(range(8)) and mixed == 0 and [len(r) for r in per_rank] == [4, 4]
-    for rows in vtrainer.verl_minibatches(8, 2, 4):
+    for rows in ordering.verl_minibatches(8, 2, 4):
         assert len({bool(adv[order[i]] > 0) for i in rows}) == 1
     with pytest.raises(ValueError, match="equal mini-batches"):
-        vtrainer.sign_order(adv, 3, 2, torch.Generator())
+        ordering.sign_order(adv, 3, 2, torch.Generator())
 
 
 def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):
@@ -851,8 +853,8 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
                           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}"])
     assert verl_cfg.actor_rollout_ref.actor.shuffle is False and verl_cfg.trainer.balance_batch is False
     keys, tags = _put_interleaved_groups(tq, prompts, 1, torch.Generator().manual_seed(3))
-    first_seen = list(dict.fromkeys(vtrainer.uid_of(k) for k in keys))
-    assert [vtrainer.uid_of(k) for k in keys] != sorted(keys, key=lambda k: first_seen.index(vtrainer.uid_of(k)))
+    first_seen = list(dict.fromkeys(ordering.uid_of(k) for k in keys))
+    assert [ordering.uid_of(k) for k in keys] != sorted(keys, key=lambda k: first_seen.index(ordering.uid_of(k)))
 
     t = _trainer_stub(verl_cfg, dp, run_cfg=cfg, use_reference_policy=False)
     t._setup_creditlab()
@@ -886,11 +888,11 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     # the local engine's sequential mini-batches of the group-contiguous batch, in the batch's content order (the
     # trainer orders by content first: trainer.content_order), groups in order of first appearance there
     data = tq.kv_batch_get(keys=list(keys), partition_id="train", select_fields=["prompts", "responses"])
-    by_content = [keys[i] for i in vtrainer.content_order(list(data["prompts"].unbind()),
+    by_content = [keys[i] for i in ordering.content_order(list(data["prompts"].unbind()),
                                                           list(data["responses"].unbind()))]
-    seen_first = list(dict.fromkeys(vtrainer.uid_of(k) for k in by_content))
-    contiguous = sorted(by_content, key=lambda k: seen_first.index(vtrainer.uid_of(k)))  # stable
-    gids = plugin.group_index([vtrainer.uid_of(k) for k in contiguous])
+    seen_first = list(dict.fromkeys(ordering.uid_of(k) for k in by_content))
+    contiguous = sorted(by_content, key=lambda k: seen_first.index(ordering.uid_of(k)))  # stable
+    gids = plugin.group_index([ordering.uid_of(k) for k in contiguous])
     want = [[contiguous[i] for i in mb] for mb in sequential_minibatches(gids, prompts // mini, torch.Generator())]
     got, n_micro = [], 0
     for m in sorted(seen):
@@ -899,7 +901,7 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
             uids = list(mini_td["uid"])
             assert len(set(uids)) * GROUP == len(uids)  # whole groups on this rank
             rows += [keys[int(i)] for i in mini_td["row"]]
-            assert [vtrainer.uid_of(keys[int(i)]) for i in mini_td["row"]] == uids
+            assert [ordering.uid_of(keys[int(i)]) for i in mini_td["row"]] == uids
             for mb in micro:  # whole groups in every micro-batch, and the group ids the loss will see
                 mb_uids = list(mb["uid"])
                 assert all(mb_uids.count(u) == GROUP for u in mb_uids)
@@ -1131,7 +1133,7 @@ def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, t
     _clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
     kwargs = {"rho": 0.25, "max_age": 0}
-    sampler = vtrainer.RewardBalancedSampler("sync", {}, 8, "drop", kwargs, poll_interval=0.01)
+    sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", kwargs, poll_interval=0.01)
     waiting = _put_group(tq, [1, 1, 1, 1], step=1)[0]  # no signal: waits
     _put_group(tq, [1, 0, 1, 0], step=1)
     batch, _ = sampler.sample(global_steps=1, partition_id="train", batch_size=1)
@@ -1142,11 +1144,11 @@ def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, t
     assert waiting not in (tq.kv_list("train") or {}).get("train", {})
     tq.load_checkpoint(str(tmp_path / "tq"))
     assert waiting in tq.kv_list("train")["train"]
-    resumed = vtrainer.RewardBalancedSampler("sync", {}, 8, "drop", kwargs, poll_interval=0.01)
+    resumed = samplers.RewardBalancedSampler("sync", {}, 8, "drop", kwargs, poll_interval=0.01)
     resumed.load_state_dict(state)
     fresh = _put_group(tq, [0, 1, 1, 0], step=2)[0]
     batch, metrics = resumed.sample(global_steps=2, partition_id="train", batch_size=1)
-    assert metrics["training/rb/dropped"] == 1.0 and {vtrainer.uid_of(k) for k in batch.keys} == {fresh}
+    assert metrics["training/rb/dropped"] == 1.0 and {ordering.uid_of(k) for k in batch.keys} == {fresh}
     assert waiting not in tq.kv_list("train")["train"]
     _clear_partition(tq)
 

@@ -1,4 +1,4 @@
-"""creditlab's verl V1 trainer: query-preserved batching, credit folding, the RB sampler, token flipping.
+"""creditlab's verl V1 trainer: verl's sync trainer with creditlab's batch orders, credit folding and token flipping.
 
 verl 0.9.1's V1 sync trainer (``verl.trainer.ppo.v1.trainer_sync.PPOTrainerSync``) runs one step as
   sample (ReplayBuffer over TransferQueue) -> ``_balance_batch`` -> ``_compute_old_log_prob`` ->
@@ -31,8 +31,9 @@ on a ``KVBatchMeta`` (keys ``{uid}_{session}_{index}`` of the rollouts in Transf
   (Paper C, Algorithm 1: Δ log p of every token after the step's update, ``creditlab/flip/...``).
 * ``_init_resource_pool_mgr``: our worker class in place of verl's ``ActorRolloutRefWorker``.
 
-:class:`RewardBalancedSampler` is reward-balanced batching (RB, Paper C) as a verl custom replay buffer
-(``trainer.v1.sampler.custom_sampler``) on the real TransferQueue.
+The orders and checks themselves are pure and verl-free (``engines/verl/ordering.py``); reward-balanced batching
+(RB, Paper C) is a verl custom replay buffer, ``samplers.RewardBalancedSampler``, whose waiting groups the trainer's
+checkpoints save and restore.
 
 Everything that needs verl's Ray worker group and GPUs is written against verl's classes but exercised on CPU
 only piecewise (tests/test_verl_plugin.py): the balancing with verl's real code, the sampler against a real
@@ -41,7 +42,6 @@ TransferQueue, and the pure functions.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
@@ -54,20 +54,22 @@ from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
 
-from creditlab.algos.batching import (
-    RB_SIGNS,
-    RewardBalancedBuffer,
-    groups_split_frac,
-    rb_draw,
-    partition_bins,
-    rb_sign_values,
-    sequential_minibatches,
-    sign_counts,
-)
+from creditlab.algos.batching import groups_split_frac
 from creditlab.algos.credit.arca import weight_diagnostics
 from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, TokenCredit, credit_inputs_of, method_entries
-from creditlab.analysis.flipping import flip_fractions
 from creditlab.seeds import step_seed
+from creditlab.engines.verl.ordering import (
+    content_order,
+    flip_metrics,
+    groups_aligned,
+    padded,
+    qb_order,
+    sequential_order,
+    sign_order,
+    uid_of,
+    verl_minibatches,
+    zero_signal_frac,
+)
 from creditlab.engines.verl.plugin import (
     ENV_RUN_CONFIG,
     GROUP_BATCHINGS,
@@ -90,8 +92,8 @@ from creditlab.engines.verl.workers import (
     SEQ_ADV,
     CreditlabActorRolloutRefWorker,
 )
+from creditlab.engines.verl.samplers import RewardBalancedSampler
 from verl.trainer.ppo.utils import Role
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
@@ -136,302 +138,6 @@ def append_metrics(path: str, line: dict[str, Any]) -> None:
 
 LOSS_MASK = "creditlab_loss_mask"
 """TransferQueue field: the loss mask after token filters (nested over response tokens)."""
-
-
-# ------------------------------------------------------------------------------------------------------
-# pure pieces
-
-
-def uid_of(key: str) -> str:
-    """The prompt uid of a verl rollout key ``{uid}_{session_id}_{index}`` (uids are uuid4 strings)."""
-    return key.split("_", 1)[0]
-
-
-def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
-    return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
-
-
-def verl_minibatches(n_rollouts: int, dp_size: int, mini_batch_size: int) -> list[list[int]]:
-    """Rows (positions in the balanced batch) of each optimizer step, as verl 0.9.1 cuts them.
-
-    Dispatch splits the batch into ``dp_size`` contiguous equal chunks (``BatchMeta.chunk``); each rank's
-    ``TrainingWorker.train_mini_batch`` cuts its chunk into contiguous mini-batches of
-    ``mini_batch_size / dp_size`` rows (``tu.make_iterator`` with ``shuffle=False``). Global mini-batch m =
-    the m-th slice of every rank. Returns M lists of row positions.
-    """
-    per_rank, per_mb = n_rollouts // dp_size, mini_batch_size // dp_size
-    return [[r * per_rank + m * per_mb + j for r in range(dp_size) for j in range(per_mb)]
-            for m in range(per_rank // per_mb)]
-
-
-def qb_order(group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: int,
-             generator: torch.Generator) -> tuple[list[int], list[list[int]]]:
-    """Query-preserved order of a rollout batch for verl (Paper C's QB).
-
-    creditlab's ``partition_bins(..., whole_groups=True)`` (the QB of ``algos/batching.py``) assigns whole
-    groups to M x R bins of equal size with balanced ``workloads`` (verl's ``calculate_workload`` of the
-    sequence lengths). The order is rank-major: rank r's contiguous chunk holds its shards of mini-batch
-    0, 1, ..., M-1, so verl's chunking and mini-batching (:func:`verl_minibatches`) realise bin (m, r) as
-    rank r's part of optimizer step m.
-    group_ids, workloads: Tensor[B]. Returns (order: permutation of range(B), per-rank index lists).
-    Raises ValueError when whole groups cannot fill the bins exactly (group size must divide B / (M R)).
-    """
-    B = group_ids.numel()
-    bins = partition_bins(group_ids, workloads, n_minibatches, dp_size, generator, whole_groups=True)
-    size = B // (n_minibatches * dp_size)
-    sizes = sorted({int(b.numel()) for row in bins for b in row})
-    if B % (n_minibatches * dp_size) or sizes != [size]:
-        raise ValueError(f"query-preserved batching cannot cut {B} rollouts into {n_minibatches} mini-batches x "
-                         f"{dp_size} ranks of whole groups (bin sizes {sizes}, needed {size}): the prompts per "
-                         "mini-batch (actor.ppo_mini_batch_size) must be a multiple of the data-parallel size")
-    per_rank = [[int(i) for m in range(n_minibatches) for i in bins[m][r]] for r in range(dp_size)]
-    return [i for part in per_rank for i in part], per_rank
-
-
-def sequential_order(group_ids: Tensor, n_minibatches: int, dp_size: int) -> tuple[list[int], list[list[int]]]:
-    """Sequential mini-batching (creditlab's ``sequential_minibatches``, Paper E) laid out for verl.
-
-    The batch is first made group-contiguous: groups in order of first appearance, each group's rollouts in
-    their order (verl's sampled batch lists rollouts as TransferQueue received them, so groups may interleave).
-    creditlab's ``sequential_minibatches`` then cuts that order into M contiguous mini-batches; rank r's
-    contiguous chunk holds the r-th of R equal contiguous shards of mini-batch 0, 1, ..., M-1, so verl's
-    dispatch and mini-batch iterator (:func:`verl_minibatches`) realise mini-batch m as optimizer step m, its
-    rows in order (rank 0's shard, then rank 1's, ...). No balancing: the token load per rank is what it is.
-    group_ids: Tensor[B]. Returns (order: permutation of range(B), per-rank index lists).
-    Raises ValueError when the batch does not cut into M equal mini-batches of R equal shards.
-    """
-    B = group_ids.numel()
-    if n_minibatches < 1 or B % (n_minibatches * dp_size):
-        raise ValueError(f"sequential batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches x "
-                         f"{dp_size} ranks (verl would pad the batch with synthetic rollouts)")
-    first: dict[int, list[int]] = {}
-    for i, g in enumerate(group_ids.tolist()):
-        first.setdefault(g, []).append(i)
-    seq = torch.tensor([i for rows in first.values() for i in rows], dtype=torch.long)
-    mbs = sequential_minibatches(group_ids[seq], n_minibatches, torch.Generator())
-    if sorted({int(mb.numel()) for mb in mbs}) != [B // n_minibatches]:
-        raise ValueError(f"sequential batching: unequal mini-batches {[int(mb.numel()) for mb in mbs]}")
-    per_rank = [[int(seq[i]) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
-    return [i for part in per_rank for i in part], per_rank
-
-
-def content_order(prompts: list[Tensor], responses: list[Tensor]) -> list[int]:
-    """The rollouts of a batch in an order fixed by what they are, not by when they arrived: groups by a hash of their
-    prompt's token ids, a group's rollouts by a hash of their response's (rollouts of a group are exchangeable).
-    verl lists a sampled batch in the order TransferQueue received the rollouts, which the timing of the rollout
-    server decides; every order built on it (sequential, QB, sign, verl's balancing, which breaks ties by position)
-    then differs between an uninterrupted and a resumed run of the same seed. prompts, responses: B token-id tensors.
-    Returns a permutation of range(B)."""
-    def digest(t: Tensor) -> bytes:
-        return hashlib.sha256(t.detach().to("cpu", torch.int64).numpy().tobytes()).digest()
-
-    keys = [(digest(p), digest(r)) for p, r in zip(prompts, responses)]
-    return sorted(range(len(keys)), key=keys.__getitem__)
-
-
-def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
-               generator: torch.Generator) -> tuple[list[int], list[list[int]], int]:
-    """Paper C's sign-partitioned control ("broken cancellation") laid out for verl's equal mini-batches.
-
-    The local engine (``algos.batching.sign_partitioned_minibatches``) gives each sign side its own mini-batches,
-    of unequal sizes. verl cuts every rank's chunk into equal contiguous mini-batches, so here [ours] the rollouts are
-    ordered side by side (A > 0 vs A <= 0, each side shuffled, which side comes first drawn per step) and cut into M
-    equal contiguous mini-batches, each split into R equal contiguous rank shards laid out rank-major as
-    :func:`sequential_order` does: every optimizer step holds a single sign except at most one, the step where the
-    two sides meet (counted, and logged by the trainer as ``creditlab/sign_mixed_minibatches``).
-    advantages: Tensor[B] sequence advantages. Returns (order, per-rank index lists, mixed mini-batches).
-    Raises ValueError when the batch does not cut into M equal mini-batches of R equal shards.
-    """
-    B = advantages.numel()
-    if n_minibatches < 1 or B % (n_minibatches * dp_size):
-        raise ValueError(f"sign-partitioned batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches "
-                         f"x {dp_size} ranks (verl would pad the batch with synthetic rollouts)")
-    pos = torch.nonzero(advantages > 0).flatten()
-    rest = torch.nonzero(advantages <= 0).flatten()
-    sides = [s[torch.randperm(s.numel(), generator=generator)] for s in (pos, rest)]
-    if torch.rand((), generator=generator).item() < 0.5:
-        sides.reverse()
-    seq = torch.cat(sides)
-    positive = advantages[seq] > 0
-    mbs = list(seq.chunk(n_minibatches))
-    mixed = sum(int(positive[m * len(mb):(m + 1) * len(mb)].unique().numel() > 1) for m, mb in enumerate(mbs))
-    per_rank = [[int(i) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
-    return [i for part in per_rank for i in part], per_rank, mixed
-
-
-def zero_signal_frac(advantages: Tensor, group_ids: Tensor) -> float:
-    """Share of the batch's groups whose rollouts all have A_i = 0 (their rewards tie: no learning signal; DAPO's
-    dynamic sampling drops such groups by its filter metric). advantages, group_ids: Tensor[B]."""
-    groups = group_ids.unique()
-    silent = [bool((advantages[group_ids == g] == 0).all()) for g in groups.tolist()]
-    return sum(silent) / max(1, len(silent))
-
-
-def groups_aligned(group_ids: Tensor, dp_size: int, group_size: int) -> bool:
-    """Whether every group is G = ``group_size`` consecutive rows of one rank's contiguous chunk (what verl's
-    ``force_group_size = G`` micro-batching needs to keep each group in one micro-batch): each aligned block of
-    G rows of each rank holds a single group, and no group appears in two blocks. group_ids: Tensor[B]."""
-    B = group_ids.numel()
-    if B % dp_size or (B // dp_size) % group_size:
-        return False
-    blocks = group_ids.reshape(-1, group_size)
-    return bool((blocks == blocks[:, :1]).all()) and blocks[:, 0].unique().numel() == blocks.shape[0]
-
-
-def flip_metrics(delta: Tensor, mask: Tensor, adv: Tensor, eps: float) -> dict[str, float]:
-    """Token flipping of one update as metrics ``creditlab/flip/{positive,negative,all}/{boosted,...}``:
-    creditlab's ``flip_fractions`` (percent of the valid tokens with Δ log p > eps, < -eps, else).
-    delta, mask: Tensor[B, T]; adv: Tensor[B] (its sign splits the rollouts)."""
-    out = {}
-    for side, fr in flip_fractions(delta, mask, adv, eps).items():
-        out.update({f"creditlab/flip/{side}/{k}": float(v) for k, v in fr.items() if k != "n"})
-    return out
-
-
-# ------------------------------------------------------------------------------------------------------
-# reward-balanced batching (RB) as a verl replay buffer
-
-
-class RewardBalancedSampler(ReplayBuffer):
-    """RB [paper C] over TransferQueue: whole prompt groups wait until ``n`` groups with >= rho positive and
-    >= rho negative rollouts can be selected (creditlab's ``RewardBalancedBuffer`` decides; this class only
-    moves groups between it and TransferQueue).
-
-    Selected by ``trainer.v1.sampler.custom_sampler.{path=pkg://creditlab.engines.verl.trainer,
-    name=RewardBalancedSampler}``; ``trainer.v1.sampler.sampler_kwargs``: rho, max_age, sign
-    (advantage | reward), reward_threshold, and optionally max_rounds, on_exhausted, advantage.
-
-    ``sample(global_steps, "train", n)`` is creditlab's ``rb_draw`` (the local engine runs the same loop):
-      1. admit: wait until no prompt of the partition is pending/running (sync: the round's generation is done),
-         then buffer every finished group not yet buffered: its rewards (``rm_scores`` summed per rollout) give
-         its positive / negative counts (``sign_counts`` of the registered advantage, or of the reward
-         against ``reward_threshold``), born at the current generation round;
-      2. select: groups older than ``max_age`` rounds are dropped (and cleared from TransferQueue); a balanced
-         batch is returned and its prompt keys cleared (verl's ``_materialize_batch``); the others stay in
-         TransferQueue for later steps;
-      3. no balanced batch: one more generation round of n prompts (``refill_fn``, the trainer's
-         ``_add_prompts_to_generate``, same policy) and back to 1; after ``max_rounds`` rounds, ``on_exhausted``
-         (``trainer.reward_balance``): ``train_unbalanced`` takes the oldest n groups (rho = 0;
-         ``training/rb/forced`` = 1) or ``raise``.
-    Every step updates, after possibly several rounds (``training/rb/rounds``).
-    Validation (partition "val") is verl's own sync sampling.
-    """
-
-    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
-                 max_off_policy_strategy: str, sampler_kwargs: Any, refill_fn=None, poll_interval: float = 2.0,
-                 **kwargs: Any):
-        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
-                         max_off_policy_threshold=max_off_policy_threshold,
-                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
-                         poll_interval=poll_interval, refill_fn=refill_fn)
-        kw = (OmegaConf.to_container(sampler_kwargs) if isinstance(sampler_kwargs, DictConfig)
-              else dict(sampler_kwargs or {}))
-        run_cfg = run_config()
-        rb = ((run_cfg or {}).get("trainer") or {}).get("reward_balance") or {}
-        self.rho = float(kw.get("rho", 0.25))
-        self.max_age = int(kw.get("max_age", 2))
-        self.sign = str(kw.get("sign", "advantage"))
-        if self.sign not in RB_SIGNS:
-            raise ValueError(f"RB sign must be one of {list(RB_SIGNS)}, got {self.sign!r}")
-        self.reward_threshold = float(kw.get("reward_threshold", 0.5))
-        self.max_rounds = int(kw.get("max_rounds", rb.get("max_rounds", 4)))
-        self.on_exhausted = str(kw.get("on_exhausted", rb.get("on_exhausted", "train_unbalanced")))
-        self.advantage = kw.get("advantage") or ((run_cfg or {}).get("method") or {}).get("advantage", "grpo")
-        self.buffer: RewardBalancedBuffer | None = None
-        self.round = 0
-        self._born: dict[str, int] = {}  # restored births (checkpoint) of groups re-admitted from TransferQueue
-
-    # -- state (the buffered groups themselves live in TransferQueue)
-    def state_dict(self) -> dict[str, Any]:
-        entries_ = self.buffer.entries if self.buffer else []
-        return {"round": self.round, "dropped_total": self.buffer.dropped_total if self.buffer else 0,
-                "born": {e.payload: e.born for e in entries_}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.round, self._born = int(state["round"]), dict(state.get("born") or {})
-        self._dropped_restored = int(state.get("dropped_total", 0))
-
-    # -- sampling
-    def _wait_until_generated(self, partition_id: str) -> None:
-        last = 0.0
-        while True:
-            self._sync_metadata_from_transfer_queue()
-            if not (self.pending_keys[partition_id] or self.running_keys[partition_id]):
-                return
-            last = self._wait_for_next_poll(partition_id, last)
-
-    def _admit(self, partition_id: str, rnd: int) -> None:
-        """Buffer the finished groups of TransferQueue not yet buffered (born at round ``rnd`` unless a checkpoint
-        restored their birth); forget those no longer there."""
-        terminal = self.finished_keys[partition_id] | self.failure_keys[partition_id]
-        self.buffer.entries = [e for e in self.buffer.entries if e.payload in terminal]
-        known = {e.payload for e in self.buffer.entries}
-        # in submission order (TransferQueue lists prompt keys as registered): the buffer breaks age ties by
-        # insertion order, as the local engine's batch order
-        trajs: dict[str, list[str]] = {u: [] for u in self.prompt_global_steps[partition_id]
-                                       if u in terminal and u not in known}
-        for key in self.partitions[partition_id]:
-            if uid_of(key) in trajs:
-                trajs[uid_of(key)].append(key)
-        empty = {u for u, ks in trajs.items() if not ks}  # failed groups without a trajectory
-        self._clear_groups(partition_id, empty)
-        uids = [u for u in trajs if u not in empty]
-        if not uids:
-            return
-        keys = [k for u in uids for k in trajs[u]]
-        rm = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])["rm_scores"]
-        rewards = _padded(rm).sum(-1)  # shaped (DAPO reward manager: score + overlong penalty), as the loss sees
-        gids = torch.tensor([i for i, u in enumerate(uids) for _ in trajs[u]], dtype=torch.long)
-        scores = self._raw_scores(keys, partition_id) if self.sign == "reward" else rewards
-        values, thr = rb_sign_values(self.sign, rewards, scores, gids,
-                                     lambda r, g: sequence_advantages(self.advantage, r, g), self.reward_threshold)
-        for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
-            uid = uids[g]
-            self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, rnd))
-
-    @staticmethod
-    def _raw_scores(keys: list[str], partition_id: str) -> torch.Tensor:
-        """The unshaped correctness of each trajectory: the reward manager's ``acc``, read from
-        ``extra_fields.reward_extra_info`` as verl's own replay buffer reads its DAPO filter metric."""
-        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])["extra_fields"]
-        out = []
-        for key, value in zip(keys, data):
-            fields = getattr(value, "data", value)
-            info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
-            if "acc" not in info:
-                raise RuntimeError(f"RB sign 'reward' needs the reward manager's 'acc' for {key}; none in its "
-                                   "reward_extra_info (use sign 'advantage' or a reward manager that reports acc)")
-            out.append(float(info["acc"]))
-        return torch.tensor(out, dtype=torch.float32)
-
-    def _select(self, partition_id: str, rnd: int) -> tuple[list[str] | None, dict[str, float]]:
-        """One ``buffer.select`` at round ``rnd``; clears the groups it drops from TransferQueue."""
-        live = {e.payload for e in self.buffer.entries}
-        chosen, stats = self.buffer.select(rnd)
-        gone = live - {e.payload for e in self.buffer.entries} - set(chosen or [])
-        self._clear_groups(partition_id, gone)
-        return chosen, stats
-
-    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        """A batch of ``batch_size`` whole groups (see the class docstring) and ``training/rb/*`` metrics."""
-        if partition_id != "train":
-            return super().sample(global_steps, partition_id, batch_size)
-        if self.buffer is None:
-            self.buffer = RewardBalancedBuffer(batch_size, self.rho, self.max_age)
-            self.buffer.dropped_total = getattr(self, "_dropped_restored", 0)
-        if self.buffer.n_groups != batch_size:
-            raise ValueError(f"RB sampler built for {self.buffer.n_groups} groups per update, asked for {batch_size}")
-
-        def admit(rnd: int) -> None:
-            self._wait_until_generated(partition_id)
-            self._admit(partition_id, rnd)
-
-        chosen, stats, self.round = rb_draw(self.buffer, self.round, admit=admit,
-                                            refill=lambda: self.refill_fn(batch_size),
-                                            select=lambda rnd: self._select(partition_id, rnd),
-                                            max_rounds=self.max_rounds, on_exhausted=self.on_exhausted)
-        batch = self._materialize_batch(partition_id, chosen, dict(self.partitions[partition_id]))
-        return batch, {f"training/rb/{k[3:]}": v for k, v in stats.items()}
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -600,7 +306,7 @@ class CreditlabTrainer(PPOTrainerSync):
         Tensor[B] float32."""
         if data is None:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
-        scores = _padded(data["rm_scores"]).sum(-1).float()
+        scores = padded(data["rm_scores"]).sum(-1).float()
         return sequence_advantages(self.advantage_name, scores, group_index(list(data["uid"]))).float()
 
     def _credit_spec(self) -> dict[str, Any]:
@@ -650,13 +356,13 @@ class CreditlabTrainer(PPOTrainerSync):
             fields.append(OUT_SP_CHECK)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         mask_nt = data["response_mask"]
-        mask = _padded(mask_nt).float()
-        adv_tok = _padded(data["advantages"]).float()
+        mask = padded(mask_nt).float()
+        adv_tok = padded(data["advantages"]).float()
         first = mask.argmax(-1)  # A_i sits on every valid token; rows without one read 0
         seq_adv = torch.where(mask.any(-1), adv_tok[torch.arange(len(first)), first],
                               torch.zeros_like(first, dtype=adv_tok.dtype))
-        get = (lambda k: _padded(data[k]).float() if k in data.keys() else None)
-        inputs = CreditInputs(responses=_padded(data["responses"]), mask=mask, old_logp=get("old_log_probs"),
+        get = (lambda k: padded(data[k]).float() if k in data.keys() else None)
+        inputs = CreditInputs(responses=padded(data["responses"]), mask=mask, old_logp=get("old_log_probs"),
                               advantages=seq_adv, group_ids=group_index(list(data["uid"])), entropy=get("entropy"),
                               ref_logp=get("ref_log_prob"),
                               rng=torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 20_000)))
@@ -675,7 +381,7 @@ class CreditlabTrainer(PPOTrainerSync):
         if inputs.ref_logp is not None:
             diag["ref_kl"] = ((inputs.old_logp - inputs.ref_logp) * mask).sum().item() / max(1.0, mask.sum().item())
         if sp_check:  # the Ulysses credit against the sp=1 forward of the same batch (verl.sp_check)
-            diffs = _padded(data[OUT_SP_CHECK]).float().reshape(-1, 3).amax(0)
+            diffs = padded(data[OUT_SP_CHECK]).float().reshape(-1, 3).amax(0)
             diag |= {"sp_check/credit_max_abs_diff": diffs[0].item(), "sp_check/hidden_max_abs_diff": diffs[1].item(),
                      "sp_check/hidden_max_abs": diffs[2].item()}
         metrics.update({f"creditlab/{k}": v for k, v in diag.items()})
@@ -718,10 +424,10 @@ class CreditlabTrainer(PPOTrainerSync):
         self.actor_rollout_wg.compute_log_prob(meta)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["log_probs", "old_log_probs", "response_mask", "advantages"])
-        mask = _padded(data["response_mask"]).float()
-        after = _padded(response_from_nested(data["log_probs"], data["response_mask"])).float()
-        delta = after - _padded(data["old_log_probs"]).float()
-        adv = (_padded(data["advantages"]).float() * mask).sum(-1)  # the sign of A_i (credit weights are > 0)
+        mask = padded(data["response_mask"]).float()
+        after = padded(response_from_nested(data["log_probs"], data["response_mask"])).float()
+        delta = after - padded(data["old_log_probs"]).float()
+        adv = (padded(data["advantages"]).float() * mask).sum(-1)  # the sign of A_i (credit weights are > 0)
         return flip_metrics(delta, mask, adv, eps)
 
     # -- checkpoints: verl saves TransferQueue only in async modes; RB's waiting groups live there
