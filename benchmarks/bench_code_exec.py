@@ -3,7 +3,7 @@
 N synthetic solutions (default 200) of two LiveCodeBench-style problems (a stdin one, 5 tests, and a
 functional one, 5 tests), mixed as generated code is: 60% correct, 20% wrong answer (on a late test),
 8% runtime error, 7% compile error, 5% infinite loop (timeout at the 1 s per-test limit). Every solution
-runs in its own sandbox (see `creditlab.rewards.code_exec.sandbox_report`). The two arms run alternately
+runs in its own sandbox (see `creditlab.rewards.code.sandbox.sandbox_report`). The two arms run alternately
 (`--repeats` times each); reported: verified solutions per second of each arm (best and all runs), the
 speed-up, and that both arms gave the same verdicts. Writes benchmarks/results/code_exec.json.
 
@@ -19,7 +19,8 @@ import random
 import time
 from pathlib import Path
 
-from creditlab.rewards import code_exec as ce
+from creditlab.rewards.code.runner import run_tests, verify_many
+from creditlab.rewards.code.sandbox import sandbox_report
 
 from _common import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
@@ -66,10 +67,10 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=1.0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "code_exec.json"))
     a = ap.parse_args()
-    report = ce.sandbox_report()
+    report = sandbox_report()
     items = make_items(a.n)
     kw = {"time_limit_s": a.time_limit, "memory_mb": 512}
-    ce.run_tests(STDIN["pass"], STDIN_TESTS, **kw)  # warm the page cache and the probed plan
+    run_tests(STDIN["pass"], STDIN_TESTS, **kw)  # warm the page cache and the probed plan
 
     runs: dict[str, list[float]] = {"one_by_one": [], f"verify_many_{a.workers}": []}
     verdicts: dict[str, list[str]] = {}
@@ -77,9 +78,9 @@ def main() -> None:
         for arm in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
             t0 = time.perf_counter()
             if arm == "one_by_one":
-                out = [ce.run_tests(code, tests, **kw) for code, tests, _ in items]
+                out = [run_tests(code, tests, **kw) for code, tests, _ in items]
             else:
-                out = ce.verify_many([(code, tests) for code, tests, _ in items], workers=a.workers, **kw)
+                out = verify_many([(code, tests) for code, tests, _ in items], workers=a.workers, **kw)
             runs[arm].append(time.perf_counter() - t0)
             verdicts[arm] = [v.status for v in out]
             print(f"repeat {rep} {arm}: {a.n / runs[arm][-1]:.2f} solutions/s ({runs[arm][-1]:.1f} s)", flush=True)

@@ -27,7 +27,8 @@ import random
 import time
 from pathlib import Path
 
-from creditlab.rewards import code_exec as ce
+from creditlab.rewards.code.runner import run_tests, verify_many
+from creditlab.rewards.code.sandbox import sandbox_report
 
 from _common import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 from bench_code_exec import FUNC_TESTS, STDIN_TESTS, make_items  # noqa: E402
@@ -117,10 +118,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "code_exec_hostile.json"))
     a = ap.parse_args()
     kinds = [k for k in HOSTILE if a.kinds == "all" or k not in NOT_SURVIVED_BEFORE]
-    report = ce.sandbox_report()
+    report = sandbox_report()
     items = make_batch(a.n, a.hostile_share, kinds)
     kw = {"time_limit_s": a.time_limit, "memory_mb": 512}
-    ce.run_tests("print(1)", [{"input": "", "output": "1", "testtype": "stdin"}], **kw)  # probe the plan, warm up
+    run_tests("print(1)", [{"input": "", "output": "1", "testtype": "stdin"}], **kw)  # probe the plan, warm up
 
     seconds: list[float] = []
     errors: list[str] = []
@@ -128,7 +129,7 @@ def main() -> None:
     for rep in range(a.repeats):
         t0 = time.perf_counter()
         try:
-            out = ce.verify_many([(code, tests) for code, tests, _ in items], workers=a.workers, **kw)
+            out = verify_many([(code, tests) for code, tests, _ in items], workers=a.workers, **kw)
         except Exception as e:  # the verifier before issue 21: one solution cost the batch
             errors.append(f"{type(e).__name__}: {str(e)[:200]}")
             print(f"repeat {rep}: verify_many raised {errors[-1]} after {time.perf_counter() - t0:.1f} s", flush=True)

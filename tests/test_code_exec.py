@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from creditlab.rewards import code_exec as ce
+from creditlab.rewards.code import cases, extract, runner, sandbox
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,9 +34,9 @@ def one_stdin(expected: str, inp: str = "") -> list[dict]:
 
 def _ours(uid: int, creators: set[int]) -> bool:
     """A sandbox uid made by this process, by one of ``creators``, or by a process that is gone."""
-    if not ce.UID_BASE <= uid < ce.UID_BASE + (1 << 28):
+    if not sandbox.UID_BASE <= uid < sandbox.UID_BASE + (1 << 28):
         return False
-    creator = (uid - ce.UID_BASE) // 64
+    creator = (uid - sandbox.UID_BASE) // 64
     return creator in creators or not os.path.exists(f"/proc/{creator}")
 
 
@@ -76,7 +76,7 @@ def assert_machine_usable() -> None:
     out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                          timeout=30, check=False)
     assert out.returncode == 0 and out.stdout.strip().isdigit()
-    v = ce.run_tests("print(int(input()) * 2)", one_stdin("42", "21"), time_limit_s=5)
+    v = runner.run_tests("print(int(input()) * 2)", one_stdin("42", "21"), time_limit_s=5)
     assert v.passed, v.to_dict()
 
 
@@ -87,39 +87,39 @@ def assert_machine_usable() -> None:
 
 def test_extract_code():
     r = "x\n```python\na = 1\n```\ntext\n```\nb = 2\n```\n```python\nc = 3\n```\nend"
-    assert ce.extract_code(r) == "c = 3\n"  # last python block, not the last block
-    assert ce.extract_code("```\nplain = 1\n```\n```text\nz\n```") == "z\n"  # no python block: last block
-    assert ce.extract_code("```py\nshort = 1\n```") == "short = 1\n"
-    assert ce.extract_code("no code here") is None
-    assert ce.extract_code("```python\nunclosed = 1\n") is None
-    assert ce.extract_code("```python\n   \n```") is None
+    assert extract.extract_code(r) == "c = 3\n"  # last python block, not the last block
+    assert extract.extract_code("```\nplain = 1\n```\n```text\nz\n```") == "z\n"  # no python block: last block
+    assert extract.extract_code("```py\nshort = 1\n```") == "short = 1\n"
+    assert extract.extract_code("no code here") is None
+    assert extract.extract_code("```python\nunclosed = 1\n") is None
+    assert extract.extract_code("```python\n   \n```") is None
 
 
 def test_parse_tests_shapes():
-    tests, opts = ce.parse_tests(json.dumps([{"input": "1", "output": "1", "testtype": "stdin"}]))
-    assert tests == [ce.TestCase("1", "1", "stdin")] and opts == {}
+    tests, opts = cases.parse_tests(json.dumps([{"input": "1", "output": "1", "testtype": "stdin"}]))
+    assert tests == [cases.TestCase("1", "1", "stdin")] and opts == {}
     row = {"public_test_cases": json.dumps([{"input": "[1]\n2", "output": "3", "testtype": "functional"}]),
            "private_test_cases": [], "metadata": json.dumps({"func_name": "f"}), "time_limit_s": 2}
-    tests, opts = ce.parse_tests(row)
-    assert tests == [ce.TestCase("[1]\n2", "3", "functional", "f")] and opts == {"time_limit_s": 2}
+    tests, opts = cases.parse_tests(row)
+    assert tests == [cases.TestCase("[1]\n2", "3", "functional", "f")] and opts == {"time_limit_s": 2}
     with pytest.raises(ValueError):
-        ce.parse_tests("1")
+        cases.parse_tests("1")
     with pytest.raises(ValueError):
-        ce.TestCase("1", "1", "functional")  # functional without func_name
+        cases.TestCase("1", "1", "functional")  # functional without func_name
 
 
 def test_lcb_comparison_rules():
-    assert ce.stdout_matches("3\n", "3")
-    assert ce.stdout_matches("  1 2 \r\n 3\n\n", "1 2\n3")
-    assert ce.stdout_matches("1.50 2", "1.5 2.0")  # Decimal element-wise
-    assert not ce.stdout_matches("1 2", "1\n2")  # line counts differ
-    assert not ce.stdout_matches("1.5000001", "1.5")
-    assert not ce.stdout_matches("yes", "YES")
-    assert ce.return_matches("[0, 1]", "[0, 1]")
-    assert ce.return_matches("1", "1.0")
-    assert not ce.return_matches('{"1": 2}', "[1, 2]")
+    assert cases.stdout_matches("3\n", "3")
+    assert cases.stdout_matches("  1 2 \r\n 3\n\n", "1 2\n3")
+    assert cases.stdout_matches("1.50 2", "1.5 2.0")  # Decimal element-wise
+    assert not cases.stdout_matches("1 2", "1\n2")  # line counts differ
+    assert not cases.stdout_matches("1.5000001", "1.5")
+    assert not cases.stdout_matches("yes", "YES")
+    assert cases.return_matches("[0, 1]", "[0, 1]")
+    assert cases.return_matches("1", "1.0")
+    assert not cases.return_matches('{"1": 2}', "[1, 2]")
     big = "9" * 5000  # past Python's default 4300-digit str->int limit
-    assert ce.return_matches(big, big)
+    assert cases.return_matches(big, big)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_correct_stdin_solutions_pass():
     main_guard = ("import sys\ndef main():\n    a, b = map(int, sys.stdin.read().split())\n    print(a + b)\n"
                   "if __name__ == '__main__':\n    main()\n")
     for code in (plain, main_guard):
-        v = ce.run_tests(code, tests, time_limit_s=5)
+        v = runner.run_tests(code, tests, time_limit_s=5)
         assert v.passed and v.reward == 1.0 and [t.verdict for t in v.tests] == ["pass", "pass"], v.to_dict()
 
 
@@ -150,38 +150,39 @@ def test_correct_functional_solutions_pass():
     function = ("def twoSum(nums, target):\n    for i in range(len(nums)):\n        for j in range(i):\n"
                 "            if nums[i] + nums[j] == target:\n                return [j, i]\n")
     for code in (leetcode, function):
-        v = ce.run_tests(code, tests, time_limit_s=5)
+        v = runner.run_tests(code, tests, time_limit_s=5)
         assert v.passed, v.to_dict()
 
 
 def test_wrong_answer_fails_and_stops_like_lcb():
     tests = one_stdin("3", "1 2") + one_stdin("5", "2 3") + one_stdin("9", "4 5")
-    v = ce.run_tests("print(3)", tests, time_limit_s=5)
+    v = runner.run_tests("print(3)", tests, time_limit_s=5)
     assert not v.passed and v.reward == 0.0
     assert [t.verdict for t in v.tests] == ["pass", "fail", "skipped"]
-    v = ce.run_tests("print(3)", tests, time_limit_s=5, stop_at_first_failure=False)
+    v = runner.run_tests("print(3)", tests, time_limit_s=5, stop_at_first_failure=False)
     assert [t.verdict for t in v.tests] == ["pass", "fail", "fail"]
     wrong_type = [{"input": "1", "output": "[1]", "testtype": "functional", "func_name": "f"}]
-    assert ce.run_tests("def f(x):\n    return {x}", wrong_type).tests[0].verdict == "fail"  # a set never equals JSON
+    # a set never equals JSON
+    assert runner.run_tests("def f(x):\n    return {x}", wrong_type).tests[0].verdict == "fail"
 
 
 def test_syntax_error_is_compile_error():
-    v = ce.run_tests("def f(:\n    pass\n", one_stdin("1") * 2)
+    v = runner.run_tests("def f(:\n    pass\n", one_stdin("1") * 2)
     assert [t.verdict for t in v.tests] == ["compile_error", "compile_error"]
     assert "SyntaxError" in v.tests[0].detail
 
 
 def test_exception_is_runtime_error():
-    v = ce.run_tests("raise ValueError('boom')", one_stdin("1"))
+    v = runner.run_tests("raise ValueError('boom')", one_stdin("1"))
     assert v.status == "runtime_error" and "ValueError" in v.tests[0].detail
     missing = [{"input": "1", "output": "1", "testtype": "functional", "func_name": "absent"}]
-    assert ce.run_tests("def present(x):\n    return x", missing).status == "runtime_error"
+    assert runner.run_tests("def present(x):\n    return x", missing).status == "runtime_error"
 
 
 def test_infinite_loop_is_timeout_bounded():
-    v = ce.run_tests("while True:\n    pass\n", one_stdin("1"), time_limit_s=1.0)
+    v = runner.run_tests("while True:\n    pass\n", one_stdin("1"), time_limit_s=1.0)
     assert v.status == "timeout"  # (the module's pytest timeout bounds the call: no wall-clock assertion here)
-    sleeper = ce.run_tests("import time\ntime.sleep(30)", one_stdin("1"), time_limit_s=1.0)  # wall clock, not CPU
+    sleeper = runner.run_tests("import time\ntime.sleep(30)", one_stdin("1"), time_limit_s=1.0)  # wall clock, not CPU
     assert sleeper.status == "timeout"  # killed by the wall-clock limit: a sleeper left to wake would pass or fail
 
 
@@ -197,7 +198,7 @@ def test_infinite_loop_is_timeout_bounded():
      "        pass\n"),
 ])
 def test_fork_bomb_is_contained(bomb):
-    v = ce.run_tests(bomb, one_stdin("1"), time_limit_s=2.0)
+    v = runner.run_tests(bomb, one_stdin("1"), time_limit_s=2.0)
     assert v.status in FAILED and v.status != "sandbox_error", v.to_dict()
     assert_no_stray_processes()
     assert_machine_usable()
@@ -206,7 +207,7 @@ def test_fork_bomb_is_contained(bomb):
 def test_detached_daemon_is_killed():
     # a correct answer that leaves a detached sleeping process behind: the answer counts, the process must not survive
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\nprint('ok')\n"
-    v = ce.run_tests(code, one_stdin("ok"), time_limit_s=5)
+    v = runner.run_tests(code, one_stdin("ok"), time_limit_s=5)
     assert v.passed, v.to_dict()
     assert_no_stray_processes()
 
@@ -214,7 +215,7 @@ def test_detached_daemon_is_killed():
 @pytest.mark.parametrize("code", ["x = bytearray(10**11)",
                                   "x = []\nwhile True:\n    x.append(' ' * 10**6)\n"])
 def test_huge_allocation_is_memory(code):
-    v = ce.run_tests(code, one_stdin("1"), time_limit_s=10, memory_mb=256)
+    v = runner.run_tests(code, one_stdin("1"), time_limit_s=10, memory_mb=256)
     assert v.status == "memory", v.to_dict()
     assert_machine_usable()
 
@@ -227,7 +228,7 @@ def test_cannot_write_outside_scratch_dir():
             f"for p in {[str(t) for t in targets]!r} + [os.path.join('..', 'creditlab_pwned_{tag}')]:\n"
             "    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\nprint('done')\n")
     try:
-        v = ce.run_tests(code, one_stdin("done"), time_limit_s=5)
+        v = runner.run_tests(code, one_stdin("done"), time_limit_s=5)
         assert v.status in {"pass"} | FAILED
         for t in targets:
             assert not t.exists(), f"the solution created {t}"
@@ -246,10 +247,10 @@ def test_cannot_read_files_outside_scratch_dir():
         secret.chmod(0o644)
         os.chmod(d, 0o755)
         code = ("leaked = []\n"
-                f"for p in {[str(secret), str(REPO / 'README.md'), str(Path(ce.__file__))]!r}:\n"
+                f"for p in {[str(secret), str(REPO / 'README.md'), str(Path(sandbox.__file__))]!r}:\n"
                 "    try:\n        open(p).read(1)\n        leaked.append(p)\n    except OSError:\n        pass\n"
                 "print('safe' if not leaked else 'LEAK ' + ' '.join(leaked))\n")
-        v = ce.run_tests(code, one_stdin("safe"), time_limit_s=5)
+        v = runner.run_tests(code, one_stdin("safe"), time_limit_s=5)
         assert v.passed, f"the solution could read host files: {v.tests[0].detail}"
 
 
@@ -269,7 +270,7 @@ def test_no_network():
             "    except OSError:\n        res.append('blocked')\n"
             "print(' '.join(res))\n")
     try:
-        v = ce.run_tests(code, one_stdin("blocked blocked"), time_limit_s=10)
+        v = runner.run_tests(code, one_stdin("blocked blocked"), time_limit_s=10)
         assert v.passed, f"network reachable from the sandbox: {v.tests[0].detail}"
         with pytest.raises(BlockingIOError):
             srv.accept()  # nothing ever connected to the host's server
@@ -285,7 +286,7 @@ def test_environment_is_scrubbed(monkeypatch):
             f"leak = [k for k, v in os.environ.items() if k in ('CREDITLAB_SECRET', 'PYTHONPATH') or {token!r} in v]\n"
             "ok = not leak and os.environ.get('HOME') == os.getcwd() and sys.flags.isolated and sys.flags.no_site\n"
             "print('clean' if ok else 'LEAK %s %s' % (leak, dict(os.environ)))\n")
-    v = ce.run_tests(code, one_stdin("clean"), time_limit_s=5)
+    v = runner.run_tests(code, one_stdin("clean"), time_limit_s=5)
     assert v.passed, v.tests[0].detail
     assert token not in json.dumps(v.to_dict())
 
@@ -295,7 +296,7 @@ def test_scratch_dir_is_fresh_and_removed():
     code = (f"import os\nfresh = not os.listdir('.') or os.listdir('.') == ['.io']\n"
             f"open({name!r}, 'w').write('x' * 1000)\n"
             "print('fresh' if fresh else 'dirty ' + str(os.listdir('.')))\n")
-    v = ce.run_tests(code, one_stdin("fresh"), time_limit_s=5)
+    v = runner.run_tests(code, one_stdin("fresh"), time_limit_s=5)
     assert v.passed, v.tests[0].detail
     assert v.scratch_dir is None or not os.path.exists(v.scratch_dir)
     tmp = Path(tempfile.gettempdir())
@@ -311,9 +312,9 @@ def test_verify_many_keeps_order():
     tests = one_stdin("3", "1 2") + one_stdin("7", "3 4")
     codes = ["a,b=map(int,input().split())\nprint(a+b)", "print(3)", None, "raise SystemExit(0)",
              "while True: pass", "def f(:"]
-    out = ce.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=1.0)
+    out = runner.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=1.0)
     assert [v.status for v in out] == ["pass", "fail", "compile_error", "fail", "timeout", "compile_error"]
-    per_item = ce.verify_many([{"code": "print(3)", "tests": tests, "stop_at_first_failure": False}], workers=2)
+    per_item = runner.verify_many([{"code": "print(3)", "tests": tests, "stop_at_first_failure": False}], workers=2)
     assert [t.verdict for t in per_item[0].tests] == ["pass", "fail"]
 
 
@@ -339,7 +340,7 @@ def test_registered_reward_and_scorer():
 
 
 def test_sandbox_report():
-    report = ce.sandbox_report()
+    report = sandbox.sandbox_report()
     print(json.dumps(report, indent=1))
     assert report["tier"] in ("bwrap", "unshare", "process"), report["notes"]
     for layer in ("process_per_solution", "rlimits", "process_count_limit", "wall_clock_kill", "scrubbed_env"):
@@ -360,10 +361,10 @@ SPECIAL_DECIMALS = {"sNaN": False, "-sNaN": False, "sNaN123": False, "NaN": Fals
 def test_special_decimal_values_never_raise():
     for tok, equal in SPECIAL_DECIMALS.items():
         for p, g in [(tok, "1"), ("1", tok), (f"{tok} 2", f"1 {tok}"), (f"{tok}", f"{tok}0")]:
-            assert ce.stdout_matches(p, g) is False, (p, g)
-        assert ce.stdout_matches(f"1 {tok}", f"1.0 {tok}") is equal, tok
-        assert ce.stdout_matches(tok, tok) is True  # identical lines are equal whatever they hold (LCB)
-    assert ce.stdout_matches("inf", "Infinity") and not ce.stdout_matches("NaN 1", "NaN 1.0")
+            assert cases.stdout_matches(p, g) is False, (p, g)
+        assert cases.stdout_matches(f"1 {tok}", f"1.0 {tok}") is equal, tok
+        assert cases.stdout_matches(tok, tok) is True  # identical lines are equal whatever they hold (LCB)
+    assert cases.stdout_matches("inf", "Infinity") and not cases.stdout_matches("NaN 1", "NaN 1.0")
 
 
 def test_special_decimal_output_is_only_that_solutions_verdict():
@@ -372,7 +373,7 @@ def test_special_decimal_output_is_only_that_solutions_verdict():
     tests = one_stdin("3", "1 2")
     good = "a, b = map(int, input().split())\nprint(a + b)\n"
     codes = [good, "print('sNaN')", "print('-sNaN123 7')", "print('1e999999999999999999999')", good]
-    out = ce.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=5)
+    out = runner.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=5)
     assert [v.status for v in out] == ["pass", "fail", "fail", "fail", "pass"], [v.to_dict() for v in out]
 
 
@@ -436,7 +437,7 @@ FORGE_TESTS = one_stdin("3", "1 2") + one_stdin("7", "3 4") + one_stdin("11", "5
 def test_solution_cannot_forge_passes(route):
     # a wrong solution writes a passing result for every test into the harness's answer pipe
     code = _forging_solution(route, {"1 2": ["3", "7", "11"]}, {})
-    v = ce.run_tests(code, FORGE_TESTS, time_limit_s=5)
+    v = runner.run_tests(code, FORGE_TESTS, time_limit_s=5)
     assert [t.verdict for t in v.tests] == ["fail", "skipped", "skipped"], v.to_dict()
     assert "WRONG" in v.tests[0].detail
 
@@ -445,7 +446,7 @@ def test_solution_cannot_forge_passes(route):
 def test_solution_cannot_shift_results(route):
     # a correct solution that injects one extra (failing) result: every real result would land on the next test
     code = _forging_solution(route, {"1 2": ["nope"]}, {"1 2": "3", "3 4": "7", "5 6": "11"})
-    v = ce.run_tests(code, FORGE_TESTS, time_limit_s=5, stop_at_first_failure=False)
+    v = runner.run_tests(code, FORGE_TESTS, time_limit_s=5, stop_at_first_failure=False)
     assert [t.verdict for t in v.tests] == ["pass", "pass", "pass"], v.to_dict()
 
 
@@ -453,7 +454,7 @@ def test_solution_cannot_shift_results(route):
 def test_forged_non_string_output_is_not_a_parent_error(route):
     # a forged non-string output made the parent raise (str methods on a list); now it cannot even be forged
     code = _forging_solution(route, {"1 2": [["x"], {"a": 1}, 7]}, {})
-    out = ce.verify_many([(code, FORGE_TESTS), ("print(3)", FORGE_TESTS[:1])], workers=2, time_limit_s=5)
+    out = runner.verify_many([(code, FORGE_TESTS), ("print(3)", FORGE_TESTS[:1])], workers=2, time_limit_s=5)
     assert [v.status for v in out] == ["fail", "pass"], [v.to_dict() for v in out]
 
 
@@ -499,7 +500,7 @@ if os.uname().machine in ("x86_64", "aarch64"):  # second layer: these calls are
         pass
 print("isolated" if not got else " ".join(got))
 """
-    v = ce.run_tests(code, one_stdin("isolated"), time_limit_s=10)
+    v = runner.run_tests(code, one_stdin("isolated"), time_limit_s=10)
     assert v.passed, v.to_dict()
 
 
@@ -511,7 +512,7 @@ def test_solution_cannot_stop_or_kill_its_harness():
             "    for target in (1, -1):\n"
             "        try:\n            os.kill(target, sig)\n        except OSError:\n            pass\n"
             "print(int(input()) * 2)\n")
-    v = ce.run_tests(code, one_stdin("42", "21") + one_stdin("8", "4"), time_limit_s=5)
+    v = runner.run_tests(code, one_stdin("42", "21") + one_stdin("8", "4"), time_limit_s=5)
     assert v.passed, v.to_dict()
 
 
@@ -521,7 +522,7 @@ def test_solution_cannot_learn_the_nonce(monkeypatch):
     # memory for it; the nonce is given as a list of ints, so its text never exists there unless it leaked.
     nonce = os.urandom(16)
     real_urandom = os.urandom
-    monkeypatch.setattr(ce.os, "urandom", lambda n: nonce if n == len(nonce) else real_urandom(n))
+    monkeypatch.setattr(runner.os, "urandom", lambda n: nonce if n == len(nonce) else real_urandom(n))
     needle = list(nonce.hex().encode())
     code = f"""
 N = {needle!r}
@@ -546,7 +547,7 @@ with open("/proc/self/mem", "rb", buffering=0) as mem:
             pos = chunk.find(head, pos + 1)
 print("found %d" % found)
 """
-    v = ce.run_tests(code, one_stdin("found 0"), time_limit_s=20, memory_mb=1024)
+    v = runner.run_tests(code, one_stdin("found 0"), time_limit_s=20, memory_mb=1024)
     assert v.passed, v.to_dict()
 
 
@@ -595,11 +596,11 @@ for line in pin:
     else:
         send(res)
 '''
-    monkeypatch.setattr(ce, "_HARNESS", fake)
+    monkeypatch.setattr(sandbox, "HARNESS", fake)
     tests = one_stdin("3", "1 2") + one_stdin("3", "3 4")
     modes = ["honest", "no_nonce", "wrong_nonce", "list_output", "bool_index", "wrong_index", "two_answers",
              "not_an_object", "bad_status", "nan_time", "string_truncated"]
-    out = ce.verify_many([(m, tests) for m in modes], workers=2, time_limit_s=5, stop_at_first_failure=False)
+    out = runner.verify_many([(m, tests) for m in modes], workers=2, time_limit_s=5, stop_at_first_failure=False)
     assert out[0].passed, out[0].to_dict()
     for mode, v in zip(modes[1:], out[1:]):
         assert "sandbox_error" in [t.verdict for t in v.tests] and not v.passed, (mode, v.to_dict())
@@ -627,25 +628,25 @@ def f(x):
 def test_huge_printed_number_is_judged_within_the_solutions_budget():
     # int(Decimal(...)) of 2 million digits took the parent 182 s; the verdict must come in seconds. Run in a
     # subprocess with a bounded timeout (no wall-clock assertion: the timeout only stops a hung judge).
-    prog = ("import json, sys\nfrom creditlab.rewards import code_exec as ce\n"
+    prog = ("import json, sys\nfrom creditlab.rewards.code import runner\n"
             "tests = [{'input': '1', 'output': '1', 'testtype': 'functional', 'func_name': 'f'}]\n"
             "stdin_tests = [{'input': '', 'output': '1 2', 'testtype': 'stdin'}]\n"
-            "big = ce.run_tests(sys.argv[1], tests, time_limit_s=10)\n"
-            "printed = ce.run_tests(\"print('9' * 2_000_000, '8' * 2_000_000)\", stdin_tests, time_limit_s=10)\n"
+            "big = runner.run_tests(sys.argv[1], tests, time_limit_s=10)\n"
+            "printed = runner.run_tests(\"print('9' * 2_000_000, '8' * 2_000_000)\", stdin_tests, time_limit_s=10)\n"
             "print(json.dumps([big.status, printed.status]))\n")
     p = subprocess.run([sys.executable, "-c", prog, HUGE_RETURN], capture_output=True, text=True, timeout=90,
                        check=False, cwd=REPO)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == ["fail", "fail"], p.stdout[-2000:]
-    assert ce.return_matches("9" * 2_000_000, "9" * 2_000_000)  # huge integers still compare (as digit strings)
-    assert not ce.return_matches("9" * 2_000_000, "9" * 1_999_999 + "8")
-    assert ce.return_matches("[" + "1" * 5000 + ", 2]", "[" + "1" * 5000 + ", 2.0]")
-    assert not ce.return_matches("1" + "0" * 5000, "1e5000")  # an int that large never equals a float (inf)
+    assert cases.return_matches("9" * 2_000_000, "9" * 2_000_000)  # huge integers still compare (as digit strings)
+    assert not cases.return_matches("9" * 2_000_000, "9" * 1_999_999 + "8")
+    assert cases.return_matches("[" + "1" * 5000 + ", 2]", "[" + "1" * 5000 + ", 2.0]")
+    assert not cases.return_matches("1" + "0" * 5000, "1e5000")  # an int that large never equals a float (inf)
     # millions of tiny containers: not parsed (the trusted parent would spend seconds and ~0.5 GB on them)
-    assert not ce.return_matches("[" + "[], " * 4_000_000 + "[]]", "[[]]")
+    assert not cases.return_matches("[" + "[], " * 4_000_000 + "[]]", "[[]]")
     # what json.dumps makes of a value equal to the gold still matches, however much longer its text is
-    assert ce.return_matches(json.dumps([False] * 1000), json.dumps([0] * 1000, separators=(",", ":")))
-    assert ce.return_matches(json.dumps("\U0001F600" * 1000), json.dumps("\U0001F600" * 1000, ensure_ascii=False))
+    assert cases.return_matches(json.dumps([False] * 1000), json.dumps([0] * 1000, separators=(",", ":")))
+    assert cases.return_matches(json.dumps("\U0001F600" * 1000), json.dumps("\U0001F600" * 1000, ensure_ascii=False))
 
 
 def test_dev_shm_and_dev_are_capped():
@@ -680,5 +681,5 @@ if not capped:
     report.append("shm-uncapped %d MB" % (total >> 20))
 print(" ".join(report) or "capped")
 """
-    v = ce.run_tests(code, one_stdin("capped"), time_limit_s=20, max_output_mb=16)
+    v = runner.run_tests(code, one_stdin("capped"), time_limit_s=20, max_output_mb=16)
     assert v.passed, v.to_dict()

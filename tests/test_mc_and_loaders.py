@@ -303,7 +303,8 @@ def test_livecodebench_v6_window_and_mapping():
     assert functional["meta"]["starter_code"].startswith("class Solution:")
     assert {t["testtype"] for t in json.loads(functional["answer"])} == {"functional"}
     # the gold alone judges a solution (what both engines and the evaluator give the verifier)
-    from creditlab.rewards.code_exec import judge_code_exec, parse_tests
+    from creditlab.rewards.code.cases import parse_tests
+    from creditlab.rewards.code.reward import judge_code_exec
 
     assert {t.func_name for t in parse_tests(functional["answer"])[0]} == {"maxPairSum"}
     solution = ("from typing import List\nclass Solution:\n    def maxPairSum(self, nums: List[int]) -> int:\n"
@@ -401,7 +402,7 @@ def test_verl_compute_score_math_and_mc():
 
 
 def test_verl_compute_score_dispatches_code_lazily(monkeypatch):
-    """A fake creditlab.rewards.code_exec stands in for the verifier: compute_score dispatches to whatever module is
+    """A fake creditlab.rewards.code.reward stands in for the verifier: compute_score dispatches to whatever module is
     importable under that name at call time (the record is loaded first: validating a code record reads the real
     module's test parser)."""
     rec = load_livecodebench(LCB)[1]
@@ -411,12 +412,12 @@ def test_verl_compute_score_dispatches_code_lazily(monkeypatch):
         seen.update(response=response, gold=gold, func_name=func_name)
         return 1.0
 
-    fake = types.ModuleType("creditlab.rewards.code_exec")
+    fake = types.ModuleType("creditlab.rewards.code.reward")
     fake.code_exec_score = fake_code_exec_score
-    import creditlab.rewards
+    import creditlab.rewards.code
 
-    monkeypatch.setitem(sys.modules, "creditlab.rewards.code_exec", fake)
-    monkeypatch.setattr(creditlab.rewards, "code_exec", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "creditlab.rewards.code.reward", fake)
+    monkeypatch.setattr(creditlab.rewards.code, "reward", fake, raising=False)
     score = verl_reward.compute_score(
         data_source="livecodebench", solution_str="```python\nclass Solution: ...\n```",
         ground_truth=rec["answer"], extra_info={"meta": rec["meta"]},

@@ -29,7 +29,10 @@ from creditlab.data.transfer import (
     generate_code_split,
     problem_key,
 )
-from creditlab.rewards.code_exec import code_exec_score, extract_code, parse_tests, run_tests
+from creditlab.rewards.code.cases import parse_tests
+from creditlab.rewards.code.extract import extract_code
+from creditlab.rewards.code.reward import code_exec_score
+from creditlab.rewards.code.runner import run_tests
 from creditlab.rewards.multiple_choice import LETTERS, multiple_choice_score
 from creditlab.rewards.routing import data_source_kind, records_kind
 

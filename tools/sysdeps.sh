@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System (Debian) packages the test suite and the pipeline use, installed with apt when missing.
-#   bubblewrap        sandbox of the code-execution verifier (creditlab.rewards.code_exec)
+#   bubblewrap        sandbox of the code-execution verifier (creditlab.rewards.code.sandbox)
 #   chromium          headless browser of the MLflow UI / HTML report tests (tests/test_browser.py)
 #   chromium-driver   (the matching driver; Playwright drives /usr/bin/chromium over CDP)
 #   tools/sysdeps.d/slurm.sh adds slurmctld, slurmd, slurm-client, munge (the one-node SLURM cluster of

@@ -280,7 +280,8 @@ def _reward_timeout(reward: str, records: list[dict], timeout_s: float) -> float
     verdict (timeout / memory) is reached before the scorer's hard kill."""
     if reward != "code_exec" or not records:
         return float(timeout_s)
-    from creditlab.rewards.code_exec import max_run_seconds, parse_tests
+    from creditlab.rewards.code.cases import parse_tests
+    from creditlab.rewards.code.runner import max_run_seconds
 
     return max(float(timeout_s), max_run_seconds(max(len(parse_tests(r["answer"])[0]) for r in records)) + 5.0)
 

@@ -28,7 +28,7 @@ lm-evaluation-harness does.
 LiveCodeBench: ``question`` = ``question_content``; ``answer`` = a JSON string of the list of test
 cases, public ones first then private ones, each ``{"input": str, "output": str, "testtype":
 "stdin" | "functional"}`` exactly as LCB stores them (the format agreed with
-:mod:`creditlab.rewards.code_exec`); ``meta`` has ``func_name`` (None for stdin problems),
+:mod:`creditlab.rewards.code.cases`); ``meta`` has ``func_name`` (None for stdin problems),
 ``starter_code``, the split ``num_public_tests`` / ``num_private_tests`` (the first
 ``num_public_tests`` entries of ``answer`` are LCB's public tests), the source ids, ``contest_date``,
 ``platform``, ``difficulty`` and LCB's raw ``metadata`` dict as ``lcb_metadata``.

@@ -8,7 +8,7 @@ A record is a plain ``dict`` with exactly these fields:
 - ``question`` (str): the problem text, without any prompt template.
 - ``answer`` (str): the gold final answer, as math-verify compares it; for a multiple-choice record the
   correct letter; for a code record (verifier kind ``code``) the test spec (JSON) that
-  :func:`creditlab.rewards.code_exec.parse_tests` reads.
+  :func:`creditlab.rewards.code.cases.parse_tests` reads.
 - ``solution`` (str | None): a step-by-step target (used by SFT) ending in ``\\boxed{answer}``, for a code
   record in a closed fenced code block (the program the verifier extracts), or None when the source has no
   usable solution.
@@ -113,13 +113,15 @@ def _is_code(source: str) -> bool:
 
 def _validate_code(solution: Any, answer: str) -> None:
     """A code record: ``answer`` is a test spec with at least one test; ``solution`` is None or a string ending
-    with a closed fenced block holding code (what :func:`creditlab.rewards.code_exec.extract_code` reads)."""
-    from creditlab.rewards.code_exec import extract_code, parse_tests
+    with a closed fenced block holding code (what :func:`creditlab.rewards.code.extract.extract_code` reads)."""
+    from creditlab.rewards.code.cases import parse_tests
+    from creditlab.rewards.code.extract import extract_code
 
     try:
         parse_tests(answer)
     except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"field 'answer' of a code record must be a test spec (code_exec.parse_tests): {err}") from err
+        raise ValueError(f"field 'answer' of a code record must be a test spec (rewards.code.cases.parse_tests): "
+                         f"{err}") from err
     if solution is None:
         return
     if not isinstance(solution, str):

@@ -14,7 +14,7 @@ intercept, in the arithmetic task's step format) followed by a fenced block::
     f=lambda x:7*x+8
     ```
 
-The answer is the LiveCodeBench-format test spec (JSON) that :func:`creditlab.rewards.code_exec.parse_tests`
+The answer is the LiveCodeBench-format test spec (JSON) that :func:`creditlab.rewards.code.cases.parse_tests`
 reads: ``functional`` tests calling ``f`` on held-out inputs, with a short per-test time limit. Any
 program that computes the function passes (the tests never see the solution's text).
 

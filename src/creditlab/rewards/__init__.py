@@ -15,7 +15,8 @@ from creditlab.rewards.math_verify_reward import (
     math_verify_score,
     normalize_dapo_answer,
 )
-from creditlab.rewards import code_exec, multiple_choice  # noqa: F401,E402  (register their rewards)
+from creditlab.rewards import multiple_choice  # noqa: F401,E402  (registers its reward)
+from creditlab.rewards.code import reward as _code_reward  # noqa: F401,E402  (registers code_exec)
 from creditlab.rewards.scorer import RewardScorer
 
 __all__ = [

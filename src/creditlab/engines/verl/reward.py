@@ -15,7 +15,7 @@ both engines and the evaluator):
   with the option count from ``extra_info`` (``n_options`` or ``meta.n_options``), else 4 for GPQA and 10
   for MMLU-Pro;
 * ``code`` (LiveCodeBench, the tiny code task) -> the code-execution verifier of
-  :mod:`creditlab.rewards.code_exec` (imported lazily, on the first code sample), given the tests JSON of
+  :mod:`creditlab.rewards.code.reward` (imported lazily, on the first code sample), given the tests JSON of
   the record's ``answer`` and ``func_name`` / ``starter_code`` from ``extra_info``;
 * ``math`` -> :func:`creditlab.rewards.math_verify_reward.math_verify_score` (the papers' reward; verl's
   own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources);
@@ -61,14 +61,14 @@ def _info(extra_info: Mapping[str, Any] | None, key: str) -> Any:
 def code_exec_reward() -> Callable[..., float]:
     """The code-execution reward, imported on first use (the module may pull heavy sandboxing).
 
-    Looks for ``code_exec_score`` in :mod:`creditlab.rewards.code_exec`, else the function that
+    Looks for ``code_exec_score`` in :mod:`creditlab.rewards.code.reward`, else the function that
     module registers as reward ``code_exec``. Its contract: ``fn(response, gold, **kw) -> float``
     with ``gold`` the tests JSON; keyword arguments it declares among ``func_name`` /
     ``starter_code`` are passed (see :func:`_score_code`).
     """
-    from creditlab.rewards import code_exec  # noqa: PLC0415 - lazy on purpose
+    from creditlab.rewards.code import reward as code_reward  # noqa: PLC0415 - lazy on purpose
 
-    fn = getattr(code_exec, "code_exec_score", None)
+    fn = getattr(code_reward, "code_exec_score", None)
     if fn is None:
         from creditlab.algos import registry
 
