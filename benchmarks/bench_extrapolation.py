@@ -6,7 +6,7 @@ Two random tiny-s Qwen3 models (hidden 128, 2 layers, 4 heads / 2 KV heads, head
 intermediate 384, vocab 27) play pi_base and pi_RL; 256 prompts of 15-25 tokens decoded as one
 batch, one CPU thread. Methods, on the same prompts, runs interleaved, best of ``--repeats``:
 
-* ``plain``: :func:`creditlab.engines.local.sampler.generate` of the base model;
+* ``plain``: :func:`creditlab.lm.sampler.generate` of the base model;
 * ``selective``: :func:`creditlab.decoding.extrapolation.selective_generate` (criterion dlogp,
   ``--tau``, ``--gamma``), base decoding;
 * ``always``: the same with tau = +inf (every position resampled: the decoder's worst case).
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_sampler import interleaved, response_tokens  # noqa: E402
 
 from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
-from creditlab.engines.local.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
 ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
-from creditlab.engines.local import sampler  # noqa: E402
+from creditlab.lm import sampler  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
 ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,

@@ -16,8 +16,8 @@ import yaml  # noqa: E402
 
 import creditlab.models.tiny as tiny  # noqa: E402
 from creditlab.cli import _load_model  # noqa: E402
-from creditlab.engines.local.batch import pack, response_forward  # noqa: E402
-from creditlab.engines.local.sampler import generate, left_pad  # noqa: E402
+from creditlab.lm.batch import pack, response_forward  # noqa: E402
+from creditlab.lm.sampler import generate, left_pad  # noqa: E402
 from creditlab.models.tiny import build_model, n_params  # noqa: E402
 from creditlab.plan import CONFIG_DIR  # noqa: E402
 

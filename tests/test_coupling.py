@@ -13,7 +13,7 @@ from creditlab.analysis.coupling import (
     output_similarity,
 )
 from creditlab.algos.cancellation import loss_token_coefficients
-from creditlab.engines.local.batch import pack, response_forward
+from creditlab.lm.batch import pack, response_forward
 from creditlab.models.tiny import build_model
 
 torch.set_num_threads(1)

@@ -245,7 +245,7 @@ def test_topk_hidden_proxy_with_full_support_is_the_gradient_wrt_h():
 
 def test_engine_forward_gives_the_proxy_inputs(tiny_model_batch):
     """(1 - p) h from response_forward equals autograd's d log p / d W_y through the real model."""
-    from creditlab.engines.local.batch import response_forward
+    from creditlab.lm.batch import response_forward
 
     model, batch = tiny_model_batch
     with torch.no_grad():
@@ -263,7 +263,7 @@ def test_engine_forward_gives_the_proxy_inputs(tiny_model_batch):
 
 @pytest.fixture
 def tiny_model_batch():
-    from creditlab.engines.local.batch import pack
+    from creditlab.lm.batch import pack
     from creditlab.models.tiny import build_model
 
     arch = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from creditlab.engines.local.batch import pack, response_forward
+from creditlab.lm.batch import pack, response_forward
 from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda, overlong_penalty
 from creditlab.models.tiny import build_model
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from creditlab.engines.local import lora
-from creditlab.engines.local.batch import pack, response_forward
+from creditlab.lm.batch import pack, response_forward
 
 
 def _trainer(method, tmp_path, overrides=(), backbone="micro-s"):

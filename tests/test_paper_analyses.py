@@ -92,7 +92,7 @@ def test_hub_runs_resolve_to_the_snapshot_the_merged_model_and_the_prepared_set(
 
 
 def test_the_sampler_stops_on_any_of_several_stop_tokens():
-    from creditlab.engines.local.sampler import generate
+    from creditlab.lm.sampler import generate
     from creditlab.models.tiny import build_model
     from creditlab.plan import compose
 

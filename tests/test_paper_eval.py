@@ -38,7 +38,7 @@ from creditlab.data.hub_registry import load_dataset  # noqa: E402
 from creditlab.data.io import write_records  # noqa: E402
 from creditlab.data.schema import render_record_prompt  # noqa: E402
 from creditlab.data.tokenizer import build_tokenizer  # noqa: E402
-from creditlab.engines.local.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
 from creditlab.eval.evaluate import GREEDY_SAMPLE, encode_prompts  # noqa: E402
@@ -198,7 +198,7 @@ def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
 
     def scripted(right: bool):
         def fn(prompt_ids, **decoding):
-            from creditlab.engines.local.sampler import Generation
+            from creditlab.lm.sampler import Generation
 
             assert decoding["eos_id"] == [tok.eos_token_id, w["im_end"]]
             texts = [(_right if right else _wrong)(by_prompt[tuple(p)]) for p in prompt_ids]

@@ -1,4 +1,4 @@
-"""Tests of the batched KV-cache sampler (creditlab.engines.local.sampler) on a random tiny Qwen3."""
+"""Tests of the batched KV-cache sampler (creditlab.lm.sampler) on a random tiny Qwen3."""
 
 import os
 
@@ -14,8 +14,8 @@ from transformers.generation.logits_process import (  # noqa: E402
     TopPLogitsWarper,
 )
 
-import creditlab.engines.local.sampler as sampler_module  # noqa: E402
-from creditlab.engines.local.sampler import (  # noqa: E402
+import creditlab.lm.sampler as sampler_module  # noqa: E402
+from creditlab.lm.sampler import (  # noqa: E402
     ATTN_IMPL,
     DecodeState,
     SamplingParams,

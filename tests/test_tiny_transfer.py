@@ -265,7 +265,7 @@ def test_shipped_configs_have_the_transfer_suites() -> None:
 def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Path, dict], tmp_path: Path) -> None:
     """`creditlab evaluate`'s path with scripted responses: gold solutions score 1 on every suite, wrong ones 0."""
     from creditlab import cli
-    from creditlab.engines.local.sampler import Generation
+    from creditlab.lm.sampler import Generation
     from creditlab.plan import compose
 
     out, _ = prepared

@@ -17,7 +17,7 @@ from creditlab.analysis.value import (
     token_values_mc,
     value_gap,
 )
-from creditlab.engines.local.sampler import generate
+from creditlab.lm.sampler import generate
 
 MAX_NEW, TEMP, TOP_P = 32, 1.0, 0.9
 

@@ -29,7 +29,7 @@ from creditlab.data.synthetic import generate_split  # noqa: E402
 from creditlab.data.tokenizer import build_tokenizer  # noqa: E402
 from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
 from creditlab.engines.local.lora import merged_copy, save_adapter, wrap_lora  # noqa: E402
-from creditlab.engines.local.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402

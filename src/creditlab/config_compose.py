@@ -1,4 +1,9 @@
-"""Hydra composition of one primary config for many override lists, as ``hydra.compose`` would, but faster.
+"""Hydra composition of ``configs/run.yaml``: a run's override list (:func:`run_args`) and a composer of one primary
+config for many override lists, as ``hydra.compose`` would, but faster (:class:`CachedComposer`).
+
+:data:`CONFIG_DIR` and :func:`run_args` live here, below every layer, so that whatever composes a run's config (the
+plan, and the data preparation that composes each planned run's ``data``) builds the same override list without
+importing the plan.
 
 ``hydra.compose`` splits a list of overrides into config-group choices (``model=qwen3-8b-base``: they shape the
 defaults tree, i.e. which files are merged) and value overrides (``trainer.lr=1e-6``, ``+a.b=1``, ``~a.b``), merges
@@ -17,11 +22,31 @@ import copy
 import math
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+"""The repository's ``configs/`` (``run.yaml``, the config groups, ``papers/``, ``pipeline.yaml``)."""
+
+
+def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int,
+             config_dir: Path = CONFIG_DIR) -> list[str]:
+    """The Hydra overrides of configs/run.yaml that make a run's config: scale, model, method, seed, its overrides,
+    and at a scale whose config has a ``shrink`` list (smoke) that list last (after the papers' own settings)."""
+    return [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides,
+            *_shrink(scale, str(config_dir))]
+
+
+@lru_cache(maxsize=None)
+def _shrink(scale: str, config_dir: str) -> tuple[str, ...]:
+    path = Path(config_dir) / "scale" / f"{scale}.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return tuple((data or {}).get("shrink") or ())
 
 
 class CachedComposer:

@@ -27,12 +27,11 @@ from functools import lru_cache
 import yaml
 from omegaconf import OmegaConf
 
-from creditlab.config_compose import hydra_value
+from creditlab.config_compose import CONFIG_DIR, hydra_value, run_args
 from creditlab.paths import run_key
 from creditlab.scales import smoke_job
 from creditlab.tables.spec import DecodeSpec, PaperSpec, load_paper
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 BASE_RUN = "base"
 
 
@@ -396,21 +395,6 @@ def check_table_inputs(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None
             if missing:
                 raise PlanError(f"paper {paper!r} table {table!r} reads suite(s) {missing} at scale {plan.scale!r}, "
                                 f"which run {run.key!r}'s data config does not prepare; valid: {have}")
-
-
-def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int,
-             config_dir: Path = CONFIG_DIR) -> list[str]:
-    """The Hydra overrides of configs/run.yaml that make a run's config: scale, model, method, seed, its overrides,
-    and at a scale whose config has a ``shrink`` list (smoke) that list last (after the papers' own settings)."""
-    return [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides,
-            *_shrink(scale, str(config_dir))]
-
-
-@lru_cache(maxsize=None)
-def _shrink(scale: str, config_dir: str) -> tuple[str, ...]:
-    path = Path(config_dir) / "scale" / f"{scale}.yaml"
-    data = yaml.safe_load(path.read_text()) if path.is_file() else None
-    return tuple((data or {}).get("shrink") or ())
 
 
 def _sized(cfg: dict[str, Any]) -> dict[str, Any]:

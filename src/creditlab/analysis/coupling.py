@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from creditlab.algos.cancellation import loss_token_coefficients
-from creditlab.engines.local.batch import TokenBatch, response_forward
+from creditlab.lm.batch import TokenBatch, response_forward
 
 PARAMS = ("lm_head", "full")
 """What the SGD step of ``masking_experiment`` moves: the LM-head (unembedding) weight only, or every parameter."""
@@ -333,7 +333,7 @@ def analyze(ctx, *, lr: float = 1e-2, n_candidates: int = 64, low_conf_p: float 
             pool: str = "same_sign", params: list[str] = list(PARAMS)) -> dict:
     """Coupling masking (Table 1) on rollout batch 0 of the context's trainer: Boost Rate and Mean Boost per
     masked set, for the LM-head-only and the full-parameter plain-SGD update."""
-    from creditlab.engines.local.batch import pack
+    from creditlab.lm.batch import pack
 
     for p in params:
         if p not in PARAMS:

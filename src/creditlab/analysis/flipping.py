@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from creditlab.engines.local.batch import pack, response_forward
+from creditlab.lm.batch import pack, response_forward
 
 MODES = ("joint", "positive_only", "negative_only", "shuffled")
 _SHORT = {"positive_only": "pos-only", "negative_only": "neg-only"}

@@ -24,7 +24,7 @@ Pieces:
 
 Randomness: every (item, branch) has its own seed :func:`item_seed` (seed, row, position, branch), and
 its n continuations are exactly those of ``generate([prefix] * n, max_new_tokens=budget, seed=item_seed)``
-(same uniforms, see :mod:`creditlab.engines.local.sampler`), whatever the other items of the call are.
+(same uniforms, see :mod:`creditlab.lm.sampler`), whatever the other items of the call are.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from creditlab.engines.local.sampler import (
+from creditlab.lm.sampler import (
     DecodeState,
     SamplingParams,
     _decode_batch,

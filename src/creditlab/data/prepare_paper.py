@@ -109,8 +109,7 @@ def plan_inputs(plan: Any, config_dir: str | Path | None = None) -> PaperData:
     """
     from omegaconf import OmegaConf
 
-    from creditlab.config_compose import CachedComposer
-    from creditlab.plan import CONFIG_DIR, run_args
+    from creditlab.config_compose import CONFIG_DIR, CachedComposer, run_args
 
     config_dir = Path(config_dir) if config_dir is not None else CONFIG_DIR
     datasets: dict[str, dict[str, Any]] = {}

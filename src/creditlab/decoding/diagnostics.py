@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from creditlab.decoding.criteria import entropy, kl_divergence
-from creditlab.engines.local.batch import pack, response_logprobs
-from creditlab.engines.local.sampler import generate
+from creditlab.lm.batch import pack, response_logprobs
+from creditlab.lm.sampler import generate
 
 STATS = ("dlogp", "entropy_base", "entropy_rl", "kl_rl_base")
 

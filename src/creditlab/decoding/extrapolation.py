@@ -25,7 +25,7 @@ outside its own top-K is filled with the smallest of its top-K log-probs (the sc
 ``pad_lp = min(...)``). Criteria stay exact over the full vocabulary in both cases.
 
 Randomness: three pre-drawn uniform streams per (prompt, step) (see
-:mod:`creditlab.engines.local.sampler`): proposal (stream 0, the plain sampler's stream, so a
+:mod:`creditlab.lm.sampler`): proposal (stream 0, the plain sampler's stream, so a
 criterion that never fires gives exactly the plain sampler's tokens for the same seed), resample and
 criterion (the ``random`` criterion). Results do not depend on ``batch_size``.
 """
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from creditlab.decoding.criteria import Criterion, Decoder, Direction, fires, get_criterion
-from creditlab.engines.local.sampler import (
+from creditlab.lm.sampler import (
     Chooser,
     DecodeState,
     Generation,

@@ -34,8 +34,8 @@ import torch
 from creditlab.progress import progress as progress_bar
 
 from creditlab.data.schema import render_record_prompt
-from creditlab.engines.local.sampler import Generation, generate
 from creditlab.eval.metrics import bootstrap_average, per_question_metrics, summarize_suite
+from creditlab.lm.sampler import Generation, generate
 from creditlab.rewards.scorer import RewardScorer
 
 GREEDY_SAMPLE = -1
@@ -56,7 +56,7 @@ class GenerateFn(Protocol):
     """A decoder for the evaluator: ``fn(prompt_ids, **decoding) -> (Generation, stats)``.
 
     Keyword arguments: max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, seed, batch_size,
-    progress (as :func:`creditlab.engines.local.sampler.generate`). stats: per-sequence counters
+    progress (as :func:`creditlab.lm.sampler.generate`). stats: per-sequence counters
     (empty for plain decoding). An optional ``settings`` attribute (a JSON-able dict) is recorded in
     metrics.json under ``settings.decoder``.
     """

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from creditlab.data.schema import render_record_prompt
-from creditlab.engines.local.batch import pack, response_forward
 from creditlab.engines.local.trainer import _autocast, _device, lr_lambda
+from creditlab.lm.batch import pack, response_forward
 from creditlab.progress import progress as progress_bar
 
 

@@ -56,8 +56,8 @@ from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, TokenCredit, 
                                          method_entries)
 from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
-from creditlab.engines.local.batch import pack, response_forward
-from creditlab.engines.local.sampler import generate
+from creditlab.lm.batch import pack, response_forward
+from creditlab.lm.sampler import generate
 from creditlab.progress import progress
 from creditlab.seeds import step_seed
 

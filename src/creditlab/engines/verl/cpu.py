@@ -10,7 +10,7 @@ verl's extension points first:
   "GPU" (Ray is given fake GPUs: verl's resource pools count only GPU/NPU resources), no-op memory and profiling.
 * :class:`CPUReplica` in ``RolloutReplicaRegistry`` as ``creditlab_cpu``: one Ray actor per replica
   (:class:`CPURolloutServer`) serving verl's token-in/token-out ``generate`` with creditlab's own KV-cache sampler
-  (``engines.local.sampler.generate``) and the response log-probs of one scoring forward; its weights are the
+  (``lm.sampler.generate``) and the response log-probs of one scoring forward; its weights are the
   actor's, synced every step through the worker-side adapter :class:`CPUServerAdapter`.
 
 Internal points with no extension point (each checked against verl's source and refused loudly if verl moved,
@@ -475,7 +475,7 @@ class CPURolloutServer:
     def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, **_: Any):
         from verl.workers.rollout.replica import TokenOutput
 
-        from creditlab.engines.local.sampler import generate
+        from creditlab.lm.sampler import generate
 
         temperature = float(sampling_params.get("temperature", 1.0))
         greedy = temperature <= 0

@@ -43,7 +43,6 @@ lengths); `steps_done(ckpt_dir)` and `merge_command(...)` finish a run (the last
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -57,6 +56,7 @@ from typing import Any
 from creditlab import paths
 from creditlab.config_compose import hydra_value
 from creditlab.engines.verl import cpu
+from creditlab.engines.verl.sizing import token_len_per_gpu
 
 VERL_MAIN = "creditlab.engines.verl.main"
 RAY_SLURM = "creditlab.engines.verl.ray_slurm"  # multi-node: Ray over the SLURM allocation first
@@ -144,15 +144,6 @@ def _ppo_mini_batch(t: Mapping[str, Any]) -> int:
         raise LaunchError(f"trainer.prompts_per_step={prompts} is not divisible by trainer.mini_batches={mini}: "
                           "verl's ppo_mini_batch_size is a whole number of prompts")
     return prompts // mini
-
-
-def token_len_per_gpu(run_cfg: Mapping[str, Any]) -> int:
-    """verl's per-GPU token budget of a (dynamic-batch-size) micro-batch: ceil(model.verl.token_len_factor x
-    (max_prompt_tokens + max_new_tokens)) -> actor.ppo_max_token_len_per_gpu and the log-prob passes' budgets
-    (the plug-in raises the actor's for group-coupled losses, whose micro-batches hold whole groups)."""
-    t = run_cfg["trainer"]
-    factor = float(run_cfg["model"]["verl"]["token_len_factor"])
-    return int(math.ceil(factor * (int(t["max_prompt_tokens"]) + int(t["max_new_tokens"]))))
 
 
 def context_window(model: Mapping[str, Any]) -> int:

@@ -45,6 +45,7 @@ from creditlab.algos import registry
 from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries,
                                          required_inputs_of)
 from creditlab.algos.losses import AGG_MODES
+from creditlab.engines.verl.sizing import token_len_per_gpu, verl_sizes
 
 PLUGIN_MODULE = "creditlab.engines.verl.plugin"
 ENV_RUN_CONFIG = "CREDITLAB_RUN_CONFIG"
@@ -402,16 +403,6 @@ def _check_inputs(run_cfg: dict) -> None:
                 raise ValueError(f"{kind} {fn.__name__} needs {missing}, which the verl engine does not provide{hint}")
 
 
-def _verl_sizes(run_cfg: dict) -> tuple[int, int] | None:
-    """(data-parallel ranks, Ulysses sp) of the actor from the run config's ``model.verl`` (the launcher's job
-    size), or None when the run config has none (tiny / micro backbones)."""
-    v = (run_cfg.get("model") or {}).get("verl")
-    if not v:
-        return None
-    sp = int(v["ulysses_sp"])
-    return int(v["nnodes"]) * int(v["n_gpus_per_node"]) // sp, sp
-
-
 def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     """The batching part of :func:`plugin_overrides` (see there); raises ValueError for what verl cannot keep."""
     t = run_cfg["trainer"]
@@ -441,7 +432,7 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     if mini < 1 or prompts % mini:
         raise ValueError(f"trainer.batching={batching!r} needs equal mini-batches of whole prompts, but "
                          f"trainer.prompts_per_step={prompts} is not a multiple of trainer.mini_batches={mini}")
-    sizes = _verl_sizes(run_cfg)
+    sizes = verl_sizes(run_cfg)
     if not grouped or sizes is None:
         return out
     dp, sp = sizes
@@ -451,9 +442,7 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
                          "straddle two ranks); the prompts per mini-batch must be a multiple of the data-parallel size")
     # micro-batches: the trainer sets verl's force_group_size = G, so dynamic batch sizes never split a group; a
     # micro-batch then must hold G whole sequences (rearrange_micro_batches raises at run time otherwise); the
-    # launcher's budget is read at plan time only (launch imports the plug-in only when asked)
-    from creditlab.engines.verl.launch import token_len_per_gpu
-
+    # launcher's budget (sizing.token_len_per_gpu) is the one it passes to verl
     need = math.ceil(g * (int(t["max_prompt_tokens"]) + int(t["max_new_tokens"])) / sp)
     if need > token_len_per_gpu(run_cfg):
         out.append(f"{actor}.ppo_max_token_len_per_gpu={need}")

@@ -249,7 +249,7 @@ def full_lm_head(engine: Any) -> Tensor:
 @torch.no_grad()
 def topk_logprobs(hidden: Tensor, lm_head: Tensor, k: int, chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
     """The K most probable next tokens of every position: log_softmax(h W^T).topk(K), K = min(k, V), as the local
-    engine's forward computes them (``engines.local.batch.response_forward``). hidden: Tensor[B, T, d]; lm_head:
+    engine's forward computes them (``lm.batch.response_forward``). hidden: Tensor[B, T, d]; lm_head:
     Tensor[V, d]. Returns (values, ids), Tensor[B, T, K] each; computed over chunks of tokens (a [chunk, V] block of
     logits at a time: the vocabulary of a paper backbone is 150k)."""
     B, T, d = hidden.shape

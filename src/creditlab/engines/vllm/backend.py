@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab.engines.local.sampler import Generation
-from creditlab.engines.local.sampler import SamplingParams as SamplingSpec
+from creditlab.lm.sampler import Generation
+from creditlab.lm.sampler import SamplingParams as SamplingSpec
 
 DECODING_KEYS = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
 """The evaluator's decoding arguments that travel to the vLLM worker (client -> serve)."""

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab.engines.local.sampler import Generation
 from creditlab.engines.vllm.backend import DECODING_KEYS, lora_rank
+from creditlab.lm.sampler import Generation
 
 PYTHON_ENV = "CREDITLAB_VLLM_PYTHON"
 """Environment variable naming the vLLM environment's python (default: <repo>/.venv-vllm/bin/python)."""

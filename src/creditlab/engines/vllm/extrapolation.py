@@ -11,7 +11,7 @@ leave the window and waiting prompts take their place.
 The choice is creditlab's, not re-written here: :class:`creditlab.decoding.extrapolation.SelectiveRule`
 (criterion, threshold, direction, gamma, top-k support, temperature / top-p; its ``choose`` is the local
 decoder's step) on the engines' full-vocabulary log-probs, with the local decoder's pre-drawn uniform
-streams (:func:`creditlab.engines.local.sampler.draw_uniforms`, indexed by prompt and step). So the
+streams (:func:`creditlab.lm.sampler.draw_uniforms`, indexed by prompt and step). So the
 semantics are those of :func:`creditlab.decoding.extrapolation.selective_generate` (exact over the full
 vocabulary by default; ``top_k_support=K`` reproduces the official script's top-K view), and with the same
 seed this decoder chooses the same tokens as the local one, sampling included, up to floating-point
@@ -36,13 +36,13 @@ from typing import Any
 import torch
 
 from creditlab.decoding.extrapolation import FLAG_NAMES, N_STREAMS, SelectiveRule, decoding_pair, make_rule
-from creditlab.engines.local.sampler import (
+from creditlab.engines.vllm.backend import VllmEngine, stop_ids
+from creditlab.lm.sampler import (
     DEFAULT_BATCH_SIZE,
     Generation,
     SamplingParams,
     draw_uniforms,
 )
-from creditlab.engines.vllm.backend import VllmEngine, stop_ids
 
 
 def selective_decode(

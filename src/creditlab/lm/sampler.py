@@ -1,4 +1,4 @@
-"""Batched KV-cache sampler for transformers causal LMs (local RL engine and evaluation).
+"""Batched KV-cache sampler for transformers causal LMs (local RL engine, evaluation, decoding, analyses).
 
 Every rollout and every evaluation at ``tiny`` scale goes through :func:`generate`, so it is built for
 speed on small models, where the per-step cost is dominated by overhead rather than FLOPs:

@@ -1,4 +1,7 @@
-"""Token batches for the local engine: packing prompts + responses, and the per-token forward.
+"""Token batches of a causal LM: packing prompts + responses, and the one per-token forward over them.
+
+Used by the local engine (rollouts' old log-probs, the update), the SFT warm-up and the analyses (flipping,
+coupling, decoding diagnostics); it imports no other layer of creditlab.
 
 The one forward used for old log-probs returns, from a single pass, the log-probs of the sampled
 tokens, the policy entropy and the final hidden states h_t (the LM-head input), because later
