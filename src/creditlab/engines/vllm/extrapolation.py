@@ -23,7 +23,7 @@ drawn by the rule from pi_dec, not by vLLM's own sampler; randomness comes from 
 
 Cost: every step is two ``LLM.generate`` calls over the window; returning V log-probs per position is
 cheap for the tiny vocabularies (~30-60 tokens) but would dominate at a 151k-token vocabulary (see
-the README's "vLLM backend").
+docs/cluster.md, "vLLM evaluation").
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -124,34 +124,44 @@ def selective_decode(
             {"n_tokens": [len(r) for r in responses], **dict(zip(FLAG_NAMES, per_flag))})  # fmt: skip
 
 
+E = TypeVar("E")
+
+
 @dataclass(frozen=True, eq=False)
-class VllmSelectiveGenerateFn:
-    """A ``generate_fn`` for the evaluator: :func:`selective_decode` on two engines (in-process).
+class SelectiveEngines(Generic[E]):
+    """Selective extrapolation on two vLLM engines, as a decoder the evaluator records: which engines (pi_base,
+    pi_RL: engines in this process, or their names on a worker), their adapters and the decoder's options.
 
     base / rl: the engines of pi_base and pi_RL (may be the same engine), base_lora / rl_lora: adapter
     directories; options: criterion, threshold, gamma, decode_with, fire_when, top_k_support (as
-    :func:`creditlab.decoding.extrapolation.make_selective_generate_fn`).
+    :func:`creditlab.decoding.extrapolation.make_selective_generate_fn`). Called in this process by
+    :class:`VllmSelectiveGenerateFn`, through a worker by ``client.WorkerSelectiveGenerateFn``.
     """
 
-    base: VllmEngine
-    rl: VllmEngine
+    base: E
+    rl: E
     options: dict[str, Any]
     base_lora: str | None = None
     rl_lora: str | None = None
 
     @property
     def settings(self) -> dict[str, Any]:
-        return {"name": "selective_extrapolation", "backend": "vllm", **self.options}
+        """JSON-able description of the decoder (metrics.json ``settings.decoder``)."""
+        return {"name": "selective_extrapolation", "backend": "vllm", "rl_lora": self.rl_lora, **self.options}
+
+
+@dataclass(frozen=True, eq=False)
+class VllmSelectiveGenerateFn(SelectiveEngines[VllmEngine]):
+    """A ``generate_fn`` for the evaluator: :func:`selective_decode` on two engines of this process."""
 
     def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int | Sequence[int],
-        pad_id: int | None = None,
-        greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-        batch_size: int | None = None, progress: bool = False,
+        self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
+        eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+        progress: bool = False,
     ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
         primary, secondary = decoding_pair(self.options, self.base, self.rl)
         p_lora, s_lora = decoding_pair(self.options, self.base_lora, self.rl_lora)
-        rule = make_rule(**self.options, params=SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p))
+        rule = make_rule(**self.options, params=params)
         return selective_decode(primary, secondary, prompt_ids, rule, primary_lora=p_lora, secondary_lora=s_lora,
                                 max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
                                 progress=progress)  # fmt: skip
