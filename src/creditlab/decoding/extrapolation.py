@@ -209,6 +209,27 @@ def selective_generate(
     params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p)
     rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
                      top_k_support=top_k_support, params=params)  # fmt: skip
+    return decode_with_rule(primary, secondary, prompt_ids, rule, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                            pad_id=pad_id, seed=seed, batch_size=batch_size, progress=progress)
+
+
+def decode_with_rule(
+    primary: torch.nn.Module,
+    secondary: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    rule: SelectiveRule,
+    *,
+    max_new_tokens: int,
+    eos_id: int | Sequence[int],
+    pad_id: int,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> tuple[Generation, dict[str, list[int]]]:
+    """Selective decoding of ``prompt_ids`` by ``rule`` (its criterion, direction, gamma, support and
+    :class:`SamplingParams`), both models' KV caches stepped together in one batched loop: the local counterpart
+    of :func:`creditlab.engines.vllm.extrapolation.selective_decode`. Returns what :func:`selective_generate`
+    returns."""
     generation, flags = decode_with_chooser(
         [DecodeState(primary), DecodeState(secondary)], rule.chooser(), prompt_ids, max_new_tokens=max_new_tokens,
         eos_id=eos_id, pad_id=pad_id, seed=seed, batch_size=batch_size, progress=progress,
@@ -239,9 +260,9 @@ def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
 class SelectiveGenerateFn:
     """A ``generate_fn`` for :func:`creditlab.eval.evaluate.evaluate_model`: selective decoding.
 
-    Built by :func:`make_selective_generate_fn`; calling it runs :func:`selective_generate` with the
-    stored models and settings (both models in eval mode during the call). ``settings`` is recorded
-    in metrics.json by the evaluator.
+    Built by :func:`make_selective_generate_fn`; calling it with the evaluator's :class:`SamplingParams` runs
+    :func:`decode_with_rule` with the stored models and settings (both models in eval mode during the call), as
+    :func:`selective_generate` does. ``settings`` is recorded in metrics.json by the evaluator.
     """
 
     base_model: torch.nn.Module
@@ -254,15 +275,15 @@ class SelectiveGenerateFn:
         return {"name": "selective_extrapolation", **self.options}
 
     def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, eos_id: int, pad_id: int,
-        greedy: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-        batch_size: int | None = None, progress: bool = False,
+        self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int, eos_id: int,
+        pad_id: int, seed: int = 0, batch_size: int | None = None, progress: bool = False,
     ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
         primary, secondary = decoding_pair(self.options, self.base_model, self.rl_model)
+        rule = make_rule(**self.options, params=params)
         with eval_mode(primary, secondary):
-            return selective_generate(primary, secondary, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                                      pad_id=pad_id, greedy=greedy, temperature=temperature, top_p=top_p, seed=seed,
-                                      batch_size=batch_size, progress=progress, **self.options)  # fmt: skip
+            return decode_with_rule(primary, secondary, prompt_ids, rule, max_new_tokens=max_new_tokens,
+                                    eos_id=eos_id, pad_id=pad_id, seed=seed, batch_size=batch_size,
+                                    progress=progress)  # fmt: skip
 
 
 def make_selective_generate_fn(

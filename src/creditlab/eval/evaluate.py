@@ -25,6 +25,7 @@ import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +36,7 @@ from creditlab.progress import progress as progress_bar
 
 from creditlab.data.schema import render_record_prompt
 from creditlab.eval.metrics import bootstrap_average, per_question_metrics, summarize_suite
-from creditlab.lm.sampler import Generation, generate
+from creditlab.lm.sampler import Generation, SamplingParams, generate
 from creditlab.rewards.scorer import RewardScorer
 
 GREEDY_SAMPLE = -1
@@ -53,22 +54,25 @@ RATE_STATS = {"resampled": "replacement_rate", "changed": "changed_rate"}
 
 
 class GenerateFn(Protocol):
-    """A decoder for the evaluator: ``fn(prompt_ids, **decoding) -> (Generation, stats)``.
+    """A decoder for the evaluator: ``fn(prompt_ids, *, params, max_new_tokens, eos_id, pad_id, seed, batch_size,
+    progress) -> (Generation, stats)``.
 
-    Keyword arguments: max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, seed, batch_size,
-    progress (as :func:`creditlab.lm.sampler.generate`). stats: per-sequence counters
+    params: how tokens are chosen (:class:`creditlab.lm.sampler.SamplingParams`: greedy, or temperature / top-p),
+    passed on as is; the other keywords as in :func:`creditlab.lm.sampler.generate`. stats: per-sequence counters
     (empty for plain decoding). An optional ``settings`` attribute (a JSON-able dict) is recorded in
     metrics.json under ``settings.decoder``.
     """
 
-    def __call__(self, prompt_ids: list[list[int]], **decoding: Any) -> tuple[Generation, DecodeStats]: ...
+    def __call__(self, prompt_ids: list[list[int]], *, params: SamplingParams, max_new_tokens: int,
+                 eos_id: int | list[int], pad_id: int, seed: int, batch_size: int | None,
+                 progress: bool) -> tuple[Generation, DecodeStats]: ...
 
 
 def plain_generate_fn(model: torch.nn.Module) -> GenerateFn:
     """The default decoder: the plain sampler on ``model``, no decode counters."""
 
-    def fn(prompt_ids: list[list[int]], **decoding: Any) -> tuple[Generation, DecodeStats]:
-        return generate(model, prompt_ids, **decoding), {}
+    def fn(prompt_ids: list[list[int]], *, params: SamplingParams, **loop: Any) -> tuple[Generation, DecodeStats]:
+        return generate(model, prompt_ids, **asdict(params), **loop), {}
 
     return fn
 
@@ -168,10 +172,10 @@ def _decode_suite(
     common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, batch_size=batch_size,
                   pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
                   progress=progress)  # fmt: skip
-    greedy, greedy_stats = generate_fn(prompt_ids, greedy=True, seed=seed, **common)
+    greedy, greedy_stats = generate_fn(prompt_ids, params=SamplingParams(greedy=True), seed=seed, **common)
     repeated = [ids for ids in prompt_ids for _ in range(k)]
-    sampled, sampled_stats = generate_fn(repeated, greedy=False, temperature=temperature, top_p=top_p, seed=seed,
-                                         **common)  # fmt: skip
+    sampled, sampled_stats = generate_fn(repeated, params=SamplingParams(temperature=temperature, top_p=top_p),
+                                         seed=seed, **common)  # fmt: skip
     stats = {name: list(greedy_stats[name]) + list(sampled_stats[name]) for name in greedy_stats
              if name in sampled_stats}  # fmt: skip
     return greedy, sampled, stats

@@ -20,6 +20,11 @@ extrapolation decoding in :mod:`creditlab.decoding.extrapolation` counts its res
 way). :func:`generate_with` is the case "combine the logits, then sample" (a ``combine`` function maps
 the states' logits to the logits to sample from) and :func:`generate` is its one-model case.
 
+:func:`generate` takes the sampling settings as keywords (greedy, temperature, top_p, top_k), the entry point for
+callers; the decoders that sample on behalf of another (the evaluator's ``generate_fn`` s, the selective
+extrapolation decoders) receive them as one :class:`SamplingParams` and pass it on as is (to :func:`generate` as
+its fields, ``generate(model, prompt_ids, **dataclasses.asdict(params), ...)``).
+
 Randomness: ``Chooser.n_streams`` uniform numbers per (prompt, step) are drawn up front from a
 ``torch.Generator`` seeded with ``seed`` (stream s is the s-th ``torch.rand(n_prompts, max_new_tokens)``
 drawn from it, so stream 0 is the same for every chooser) and each token is sampled by inverting the

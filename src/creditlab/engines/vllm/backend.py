@@ -50,8 +50,15 @@ from typing import Any
 from creditlab.lm.sampler import Generation
 from creditlab.lm.sampler import SamplingParams as SamplingSpec
 
-DECODING_KEYS = ("max_new_tokens", "eos_id", "greedy", "temperature", "top_p", "seed", "batch_size")
-"""The evaluator's decoding arguments that travel to the vLLM worker (client -> serve)."""
+LOOP_KEYS = ("max_new_tokens", "eos_id", "seed", "batch_size")
+"""The evaluator's decoding arguments that travel to the vLLM worker (client -> serve) besides its SamplingParams."""
+SAMPLING_KEYS = ("greedy", "temperature", "top_p", "top_k")
+"""The fields of the evaluator's SamplingParams, one key each in a worker call (JSON carries no dataclass)."""
+
+
+def sampling_fields(params: SamplingSpec) -> dict[str, Any]:
+    """A SamplingParams as the keys of a worker call (:data:`SAMPLING_KEYS`); ``SamplingSpec(**fields)`` inverts it."""
+    return {k: getattr(params, k) for k in SAMPLING_KEYS}
 
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: fast start, deterministic scheduling

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab.engines.vllm.backend import DECODING_KEYS, lora_rank
-from creditlab.lm.sampler import Generation
+from creditlab.engines.vllm.backend import lora_rank, sampling_fields
+from creditlab.engines.vllm.extrapolation import SelectiveEngines
+from creditlab.lm.sampler import Generation, SamplingParams
 
 PYTHON_ENV = "CREDITLAB_VLLM_PYTHON"
 """Environment variable naming the vLLM environment's python (default: <repo>/.venv-vllm/bin/python)."""
@@ -122,32 +123,30 @@ class WorkerGenerateFn:
     def settings(self) -> dict[str, Any]:
         return {"name": "vllm", "lora": self.lora, **self.describe}
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[Generation, dict]:
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
+                 eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+                 progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
         res = self.worker.call("generate", engine=self.engine, lora=self.lora, prompt_ids=[list(p) for p in prompt_ids],
                                logprobs=False,  # the evaluator scores texts: no per-token log-probs to compute
-                               **{k: decoding[k] for k in DECODING_KEYS if k in decoding})  # fmt: skip
+                               max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
+                               **sampling_fields(params))  # fmt: skip
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), {}
 
 
 @dataclass(frozen=True, eq=False)
-class WorkerSelectiveGenerateFn:
-    """``generate_fn`` for the evaluator: selective extrapolation on the worker's ``base`` / ``rl`` engines."""
+class WorkerSelectiveGenerateFn(SelectiveEngines[str]):
+    """``generate_fn`` for the evaluator: selective extrapolation on the ``base`` / ``rl`` engines of ``worker``
+    (engine names; the fields and settings are :class:`~creditlab.engines.vllm.extrapolation.SelectiveEngines`')."""
 
-    worker: VllmWorker
-    base: str
-    rl: str
-    options: dict[str, Any]
-    base_lora: str | None = None
-    rl_lora: str | None = None
+    worker: VllmWorker = field(kw_only=True)
 
-    @property
-    def settings(self) -> dict[str, Any]:
-        return {"name": "selective_extrapolation", "backend": "vllm", "rl_lora": self.rl_lora, **self.options}
-
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], **decoding: Any) -> tuple[Generation, dict]:
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
+                 eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+                 progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
         res = self.worker.call("selective", base=self.base, rl=self.rl, base_lora=self.base_lora, rl_lora=self.rl_lora,
                                options=self.options, prompt_ids=[list(p) for p in prompt_ids],
-                               **{k: decoding[k] for k in DECODING_KEYS if k in decoding})  # fmt: skip
+                               max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
+                               **sampling_fields(params))  # fmt: skip
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
 
 
@@ -219,8 +218,8 @@ def hub_engine_settings(cfg: dict[str, Any]) -> dict[str, Any]:
 def worker_generate_fn(worker: VllmWorker, decoder: dict[str, Any]) -> WorkerGenerateFn | WorkerSelectiveGenerateFn:
     """The generate_fn of ``decoder`` (see :func:`eval_engines`) on ``worker``'s engines."""
     if "options" in decoder:
-        return WorkerSelectiveGenerateFn(worker, decoder["base"], decoder["rl"], decoder["options"],
-                                         rl_lora=decoder.get("rl_lora"))  # fmt: skip
+        return WorkerSelectiveGenerateFn(decoder["base"], decoder["rl"], decoder["options"],
+                                         rl_lora=decoder.get("rl_lora"), worker=worker)  # fmt: skip
     spec = worker.info["engines"][decoder["engine"]]
     return WorkerGenerateFn(worker, decoder["engine"], decoder.get("lora"),
                             {"model": spec["model"], "dtype": spec["dtype"]})  # fmt: skip

@@ -25,7 +25,7 @@ null; decoding fields as in :meth:`creditlab.engines.vllm.backend.VllmEngine.gen
   tokens 1..end teacher-forced).
 * ``{"op": "selective", "base", "rl", "base_lora", "rl_lora", "options": {criterion, threshold, gamma,
   decode_with, fire_when, top_k_support}, "prompt_ids", "max_new_tokens", "eos_id", "greedy", "temperature",
-  "top_p", "seed", "batch_size"}`` -> ``{"prompt_ids", "response_ids", "finished", "stats"}``
+  "top_p", "top_k", "seed", "batch_size"}`` -> ``{"prompt_ids", "response_ids", "finished", "stats"}``
   (:func:`creditlab.engines.vllm.extrapolation.selective_decode`).
 """
 
@@ -39,7 +39,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from creditlab.engines.vllm.backend import DECODING_KEYS, EngineSpec, configure_env
+from creditlab.engines.vllm.backend import LOOP_KEYS, SAMPLING_KEYS, EngineSpec, configure_env
 
 
 class Worker:
@@ -72,25 +72,27 @@ class Worker:
 
     def handle(self, call: dict[str, Any]) -> Any:
         op = call.get("op")
-        decoding = {k: call[k] for k in DECODING_KEYS if k in call}
+        loop = {k: call[k] for k in LOOP_KEYS if k in call}
+        sampling = {k: call[k] for k in SAMPLING_KEYS if k in call}
         if op == "engines":
             return self.build(call["engines"])
         if op == "info":
             return self.info()
         if op == "generate":
             gen = self.engine(call["engine"]).generate(
-                call["prompt_ids"], n=int(call.get("n", 1)), top_k=int(call.get("top_k", 0)),
-                lora=call.get("lora"), logprobs=bool(call.get("logprobs", True)), **decoding)  # fmt: skip
+                call["prompt_ids"], n=int(call.get("n", 1)), lora=call.get("lora"),
+                logprobs=bool(call.get("logprobs", True)), **loop, **sampling)  # fmt: skip
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "logprobs": gen.logprobs}  # fmt: skip
         if op == "prompt_logprobs":
             return {"logprobs": self.engine(call["engine"]).prompt_logprobs(call["prompt_ids"], lora=call.get("lora"))}
         if op == "selective":
             from creditlab.engines.vllm.extrapolation import VllmSelectiveGenerateFn
+            from creditlab.lm.sampler import SamplingParams
 
             fn = VllmSelectiveGenerateFn(self.engine(call["base"]), self.engine(call["rl"]), dict(call["options"]),
                                          base_lora=call.get("base_lora"), rl_lora=call.get("rl_lora"))  # fmt: skip
-            gen, stats = fn(call["prompt_ids"], **decoding)
+            gen, stats = fn(call["prompt_ids"], params=SamplingParams(**sampling), **loop)
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "stats": stats}  # fmt: skip
         raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, "
