@@ -270,16 +270,33 @@ def fidelity_metrics(credit: np.ndarray, truth: np.ndarray, *, top_frac: float =
     P = top_set(credit), T = top_set(truth), |P & T| / |P| and |P & T| / |T| (NaN when empty); null_share: the
     share of sum |credit| on tokens with |truth| < null_eps (NaN when sum |credit| = 0); n_top, n_pred: |T|, |P|.
     """
-    c, a = np.asarray(credit, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    T, P = top_set(a, top_frac), top_set(c, top_frac)
+    return _metrics(np.asarray(credit, dtype=np.float64), _truth_view(truth, top_frac, null_eps), top_frac)
+
+
+def _truth_view(truth: np.ndarray, top_frac: float, null_eps: float) -> dict[str, Any]:
+    """What every credit map's metrics need of the truth, computed once: centred ranks, top set, null mask."""
+    a = np.asarray(truth, dtype=np.float64)
+    r = _ranks(a) - (a.size + 1) / 2.0 if a.size else a
+    return {"ranks": r, "norm": math.sqrt(float((r * r).sum())), "top": top_set(a, top_frac),
+            "null": np.abs(a) < null_eps, "n": a.size}
+
+
+def _metrics(c: np.ndarray, tv: dict[str, Any], top_frac: float) -> dict[str, float]:
+    nan = float("nan")
+    if tv["n"] >= 2:
+        rc = _ranks(c) - (c.size + 1) / 2.0
+        den = math.sqrt(float((rc * rc).sum())) * tv["norm"]
+        rho = float((rc * tv["ranks"]).sum() / den) if den > 0 else nan
+    else:
+        rho = nan
+    T, P = tv["top"], top_set(c, top_frac)
     both = float((T & P).sum())
     mass = np.abs(c)
     total = float(mass.sum())
-    null = np.abs(a) < null_eps
-    return {"spearman": spearman(c, a),
-            "precision": both / P.sum() if P.any() else float("nan"),
-            "recall": both / T.sum() if T.any() else float("nan"),
-            "null_share": float(mass[null].sum()) / total if total > 0 else float("nan"),
+    return {"spearman": rho,
+            "precision": both / P.sum() if P.any() else nan,
+            "recall": both / T.sum() if T.any() else nan,
+            "null_share": float(mass[tv["null"]].sum()) / total if total > 0 else nan,
             "n_top": int(T.sum()), "n_pred": int(P.sum())}
 
 
@@ -320,9 +337,9 @@ def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, cluste
     point = {m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps) for m, c in credits.items()}
     boot = {m: {k: np.full(n_boot, np.nan) for k in METRICS} for m in credits}
     for b, idx in enumerate(draws):
-        a = truth[idx]
+        tv = _truth_view(truth[idx], top_frac, null_eps)
         for m, c in credits.items():
-            r = fidelity_metrics(c[idx], a, top_frac=top_frac, null_eps=null_eps)
+            r = _metrics(c[idx], tv, top_frac)
             for k in METRICS:
                 boot[m][k][b] = r[k]
     for m in credits:

@@ -80,6 +80,7 @@ def sample_continuations(
     top_p: float,
     chunk: int = 512,
     progress: bool = False,
+    uniforms: Sequence[Tensor] | None = None,
 ) -> list[list[list[int]]]:
     """n sampled continuations of each prefix, all prefixes decoded together (``progress``: a bar over them).
 
@@ -89,6 +90,9 @@ def sample_continuations(
     temperature=temperature, top_p=top_p)`` (its uniforms are replayed row by row; up to the
     floating-point effect of a different batch shape). Rows are sorted by budget and decoded ``chunk``
     at a time, each chunk to its largest budget, every row then cut to its own budget.
+    ``uniforms``: K pre-drawn Tensor[n, budgets[k]] of uniforms in [0, 1) (the sampler's inverse-CDF stream) used
+    instead of those drawn from ``seeds`` (the seeds are then unused): common random numbers across prefixes
+    (creditlab.analysis.credit_fidelity couples the continuations of consecutive prefixes this way).
     """
     params = SamplingParams(temperature=temperature, top_p=top_p)
     chooser = sampling_chooser(_single, params)
@@ -96,7 +100,11 @@ def sample_continuations(
     rows = [(k, j) for k in range(len(prefixes)) if budgets[k] > 0 for j in range(n)]
     if not rows:
         return out
-    uni = {k: draw_uniforms(n, budgets[k], 1, seeds[k]) for k in {k for k, _ in rows}}  # [n, b_k, 1]
+    if uniforms is not None:
+        uni = {k: torch.as_tensor(uniforms[k], dtype=torch.float32).reshape(n, budgets[k], 1)
+               for k in {k for k, _ in rows}}  # [n, b_k, 1]
+    else:
+        uni = {k: draw_uniforms(n, budgets[k], 1, seeds[k]) for k in {k for k, _ in rows}}  # [n, b_k, 1]
     rows.sort(key=lambda kj: -budgets[kj[0]])  # stable: chunks of similar budgets
     device = next(model.parameters()).device
     cast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()

@@ -472,11 +472,13 @@ class Trainer:
         return self.token_credit.table(decode, self.step)
 
     # ----------------------------------------------------------------------------- loop
-    def fit(self) -> list[dict[str, float]]:
-        """Run (or resume) until ``trainer.steps``; returns the per-step metric history."""
+    def fit(self, until: int | None = None) -> list[dict[str, float]]:
+        """Run (or resume) until ``trainer.steps``, or until step ``until`` (an analysis replaying a run to a
+        mid-training state: `creditlab.analysis.runner.mid_training_state`); returns the per-step metric history."""
         t = self.tcfg
-        bar = progress(t["steps"], "rl steps", initial=self.step, enabled=self.progress)
-        while self.step < t["steps"]:
+        end = t["steps"] if until is None else min(int(until), t["steps"])
+        bar = progress(end, "rl steps", initial=self.step, enabled=self.progress)
+        while self.step < end:
             metrics = self.train_step(self.step)
             self.history.append(metrics)
             self.log_fn(metrics, self.step)
