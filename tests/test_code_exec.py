@@ -319,14 +319,13 @@ def test_verify_many_keeps_order():
 
 
 def test_registered_reward_and_scorer():
-    from creditlab.algos.registry import get
-    from creditlab.rewards.math_verify_reward import get_reward_spec
+    from creditlab.rewards.registry import get, get_reward_spec
     from creditlab.rewards.scorer import RewardScorer
 
     gold = json.dumps({"tests": one_stdin("3", "1 2"), "time_limit_s": 10})
     good = "Here:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"
-    assert get("reward", "code_exec")(good, gold) == 1.0
-    assert get("reward", "code_exec")("no code", gold) == 0.0
+    assert get("code_exec")(good, gold) == 1.0
+    assert get("code_exec")("no code", gold) == 0.0
     assert get_reward_spec("code_exec").extract(good) == "a, b = map(int, input().split())\nprint(a + b)\n"
     slow = "```python\nwhile True:\n    pass\n```"
     # fork: the worker inherits the registration (spawn workers need code_exec imported by creditlab.rewards)

@@ -18,7 +18,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import chisquare  # noqa: E402
 
-from creditlab.algos import registry  # noqa: E402
 from creditlab.data.tokenizer import build_tokenizer  # noqa: E402
 from creditlab.decoding import criteria as crit  # noqa: E402
 from creditlab.decoding.extrapolation import (  # noqa: E402
@@ -130,8 +129,8 @@ def test_criteria_against_direct_per_token_computation() -> None:
 
 
 def test_criteria_registry_directions_and_zero_probabilities() -> None:
-    assert registry.names(crit.KIND) == sorted(["dlogp", "kl", "reverse_kl", "js", "sym_kl", "entropy", "random"])
-    assert registry.get(crit.KIND, "dlogp") is crit.get_criterion("dlogp")
+    assert crit.criterion_names() == sorted(["dlogp", "kl", "reverse_kl", "js", "sym_kl", "entropy", "random"])
+    assert crit.get_criterion("dlogp") is crit.CRITERIA[0]
     dlogp = crit.get_criterion("dlogp")
     assert (dlogp.direction("base"), dlogp.direction("rl")) == ("le", "ge")
     assert all(crit.get_criterion(n).direction(d) == "ge" for n in ("kl", "reverse_kl", "js", "entropy")

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from creditlab.algos import registry
+from creditlab.rewards import registry
 from creditlab.data.hub_loaders import (
     StrictStrUnpickler,
     decode_private_test_cases,
@@ -200,7 +200,7 @@ def test_shuffle_correct_letter_follows_the_correct_text():
 
 
 def test_multiple_choice_reward_registered_and_binary():
-    assert registry.get("reward", "multiple_choice") is multiple_choice_score
+    assert registry.get("multiple_choice") is multiple_choice_score
     assert multiple_choice_score("so the answer is (B)", "B") == 1.0
     assert multiple_choice_score("so the answer is (B)", "C") == 0.0
     assert multiple_choice_score("no letter here", "C") == 0.0

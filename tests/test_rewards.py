@@ -11,7 +11,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 
-from creditlab.algos import registry
 from creditlab.rewards import (
     RewardScorer,
     dapo_answer_score,
@@ -20,6 +19,7 @@ from creditlab.rewards import (
     math_verify_score,
     normalize_dapo_answer,
 )
+from creditlab.rewards import registry
 from creditlab.rewards.math_verify_reward import judge_math_verify
 
 PATHOLOGICAL = "Let me compute. \\boxed{9^{9^{9^9}}}"
@@ -209,9 +209,11 @@ def test_normalize_dapo_answer() -> None:
 
 
 def test_rewards_are_registered() -> None:
-    assert registry.get("reward", "math_verify") is math_verify_score
-    assert registry.get("reward", "dapo_answer") is dapo_answer_score
-    assert {"math_verify", "dapo_answer"} <= set(registry.names("reward"))
+    assert registry.get("math_verify") is math_verify_score
+    assert registry.get("dapo_answer") is dapo_answer_score
+    assert {"math_verify", "dapo_answer"} <= set(registry.names())
+    with pytest.raises(KeyError, match="valid choices"):
+        registry.get("nope")
 
 
 # ---------------------------------------------------------------------------- scorer

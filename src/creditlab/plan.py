@@ -463,15 +463,16 @@ def check_registered(cfg: dict[str, Any], where: str) -> None:
     """Every name a run config selects must be registered (advantage, loss, credit, token filter,
     batching, reward), and its methods must compose (`creditlab.algos.compat.check_method`)."""
     from creditlab.algos import registry
-    from creditlab.rewards import math_verify_reward  # noqa: F401  (registers the reward functions)
+    from creditlab.rewards import registry as rewards
 
     m, t = cfg["method"], cfg["trainer"]
     wanted = [("advantage", m["advantage"]), ("policy_loss", m["policy_loss"]), ("batching", t["batching"]),
               ("reward", t["reward"])] + [("credit", c["name"]) for c in m.get("credit") or []] \
         + [("token_filter", f["name"]) for f in m.get("token_filter") or []]
     for kind, name in wanted:
-        if name not in registry.names(kind):
-            raise PlanError(f"{where}: unknown {kind} {name!r}; valid choices: {registry.names(kind)}")
+        valid = rewards.names() if kind == "reward" else registry.names(kind)
+        if name not in valid:
+            raise PlanError(f"{where}: unknown {kind} {name!r}; valid choices: {valid}")
     from creditlab.algos.compat import IllDefinedComposition, check_method
 
     try:  # the methods and the trainer settings compose (algos/compat.py: the rules and their reasons)

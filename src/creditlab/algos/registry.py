@@ -1,7 +1,10 @@
-"""Name -> function registries for the methods.
+"""Name -> function registries of the methods, one table per kind (advantage, policy_loss, credit, token_filter,
+batching).
 
 Configs pick methods by name (``advantage: grpo``, ``loss: dapo``, ``credit: [dlogp]``); both engines
-look the function up here, so a method is written once. Unknown names fail with the valid choices.
+look the function up here, so a method is written once. Unknown names fail with the valid choices. The method
+modules register themselves with :func:`register` when imported, and :mod:`creditlab.algos` imports all of them
+(its ``__init__`` runs before this module), so the tables are complete whenever this module is importable.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ def register(kind: str, name: str) -> Callable[[F], F]:
 
 def get(kind: str, name: str) -> Callable:
     """Return the function registered as ``kind``/``name``; KeyError lists the valid names."""
-    _load_builtin()
     table = _REGISTRIES.get(kind, {})
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; valid choices: {sorted(table)}")
@@ -37,12 +39,4 @@ def get(kind: str, name: str) -> Callable:
 
 def names(kind: str) -> list[str]:
     """Sorted names registered under ``kind``."""
-    _load_builtin()
     return sorted(_REGISTRIES.get(kind, {}))
-
-
-def _load_builtin() -> None:
-    # Importing the method modules registers them. Layers above algos/ (rewards/) register their own
-    # kinds when imported; algos/ never imports upward.
-    from creditlab.algos import advantages, batching, losses  # noqa: F401
-    from creditlab.algos import credit  # noqa: F401

@@ -31,8 +31,9 @@ Notes on the choices:
 * ``random`` fires when u <= thr, so the threshold is the expected replacement rate (the official
   script fires on ``rand() < threshold`` too).
 
-Importing this module registers every criterion (a :class:`Criterion`) under the registry kind
-:data:`KIND`; look them up with :func:`get_criterion`.
+The criteria's registry is this module's :data:`CRITERIA` (every :class:`Criterion`, listed explicitly); look
+them up with :func:`get_criterion`, their names with :func:`criterion_names`. (The methods' kinds have
+:mod:`creditlab.algos.registry`, the rewards :mod:`creditlab.rewards.registry`.)
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-
-from creditlab.algos import registry
-
-KIND = "selection_criterion"
-"""Registry kind of the criteria."""
 
 Direction = Literal["le", "ge"]
 Decoder = Literal["base", "rl"]
@@ -155,10 +151,19 @@ CRITERIA: tuple[Criterion, ...] = (
     Criterion("entropy", entropy_score),
     Criterion("random", random_score, fires_base="le", fires_rl="le"),
 )
-for _criterion in CRITERIA:
-    registry.register(KIND, _criterion.name)(_criterion)
+"""The selection criteria, the registry of this kind (a name appears once)."""
+_BY_NAME: dict[str, Criterion] = {c.name: c for c in CRITERIA}
+if len(_BY_NAME) != len(CRITERIA):
+    raise ValueError(f"a selection criterion name appears twice: {[c.name for c in CRITERIA]}")
+
+
+def criterion_names() -> list[str]:
+    """Sorted names of the selection criteria."""
+    return sorted(_BY_NAME)
 
 
 def get_criterion(name: str) -> Criterion:
-    """The criterion registered as ``name``; KeyError lists the valid names."""
-    return registry.get(KIND, name)
+    """The criterion named ``name``; KeyError lists the valid names."""
+    if name not in _BY_NAME:
+        raise KeyError(f"unknown selection_criterion {name!r}; valid choices: {criterion_names()}")
+    return _BY_NAME[name]

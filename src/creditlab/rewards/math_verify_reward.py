@@ -9,7 +9,7 @@ and sandbox it:
 
 The score of a response depends only on ``(extracted answer, gold)``, which is the cache key.
 
-Registered functions (kind ``"reward"``), signature ``fn(response: str, gold: str) -> float``:
+Registered rewards (:mod:`creditlab.rewards.registry`), signature ``fn(response: str, gold: str) -> float``:
 
 * ``math_verify`` -- :func:`math_verify_score`: 1.0 if math-verify judges the last boxed answer
   equal to the gold answer, else 0.0 (no boxed answer -> 0.0). The reward of the Δlog p, DelTA,
@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable
 
-from creditlab.algos.registry import register
+from creditlab.rewards.registry import RewardSpec, add_spec, register
 from creditlab.rewards.math_exact import exact_numbers, rewrite_scientific
 
 # ----------------------------------------------------------------------------------------------
@@ -171,7 +169,7 @@ def judge_dapo(answer: str, gold: str) -> float:
 # ----------------------------------------------------------------------------------------------
 
 
-@register("reward", "math_verify")
+@register("math_verify")
 def math_verify_score(response: str, gold: str) -> float:
     """Binary math-verify reward of a response: 1.0 if its last ``\\boxed{}`` equals ``gold``, else 0.0.
 
@@ -185,7 +183,7 @@ def math_verify_score(response: str, gold: str) -> float:
     return judge_math_verify(answer, gold, internal_timeout=5)
 
 
-@register("reward", "dapo_answer")
+@register("dapo_answer")
 def dapo_answer_score(response: str, gold: str) -> float:
     """DAPO's reward: +1.0 if the last ``Answer:`` line matches ``gold`` after normalisation, else -1.0.
 
@@ -198,21 +196,6 @@ def dapo_answer_score(response: str, gold: str) -> float:
     return judge_dapo(answer, gold)
 
 
-@dataclass(frozen=True)
-class RewardSpec:
-    """How the scorer runs a registered reward: extract in the caller, judge in a worker.
-
-    ``failure`` is the score of a response with no answer, a judge error, a timeout or a crash.
-    ``cache_tag`` versions persisted cache entries (it changes with the judge's implementation).
-    """
-
-    name: str
-    extract: Callable[[str], str | None]
-    judge: Callable[[str, str], float]
-    failure: float
-    cache_tag: str
-
-
 def _package_version(name: str) -> str:
     try:
         return version(name)
@@ -220,29 +203,20 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
-REWARD_SPECS: dict[str, RewardSpec] = {
-    "math_verify": RewardSpec(
-        name="math_verify",
-        extract=extract_last_boxed,
-        judge=judge_math_verify,
-        failure=MATH_VERIFY_WRONG,
-        cache_tag=f"math_verify/v2-exact/math-verify=={_package_version('math-verify')}",
-    ),
-    "dapo_answer": RewardSpec(
-        name="dapo_answer",
-        extract=extract_dapo_answer,
-        judge=judge_dapo,
-        failure=DAPO_WRONG,
-        cache_tag="dapo_answer/v1",
-    ),
-}
-
-
-def get_reward_spec(name: str) -> RewardSpec:
-    """The :class:`RewardSpec` of reward ``name``; KeyError lists the valid names."""
-    if name not in REWARD_SPECS:
-        raise KeyError(f"unknown reward {name!r}; valid choices: {sorted(REWARD_SPECS)}")
-    return REWARD_SPECS[name]
+add_spec(RewardSpec(
+    name="math_verify",
+    extract=extract_last_boxed,
+    judge=judge_math_verify,
+    failure=MATH_VERIFY_WRONG,
+    cache_tag=f"math_verify/v2-exact/math-verify=={_package_version('math-verify')}",
+))
+add_spec(RewardSpec(
+    name="dapo_answer",
+    extract=extract_dapo_answer,
+    judge=judge_dapo,
+    failure=DAPO_WRONG,
+    cache_tag="dapo_answer/v1",
+))
 
 
 def quiet_math_verify_logs() -> None:

@@ -67,9 +67,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from creditlab.algos.registry import register
 from creditlab.rewards.math_verify_reward import BOXED as _BOXED
-from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec
+from creditlab.rewards.registry import RewardSpec, add_spec, register
 from creditlab.seeds import derive_seed
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -378,7 +377,7 @@ def judge_choice(letter: str, gold: str) -> float:
     return MC_CORRECT if letter.strip().upper() == gold.strip().upper() else MC_WRONG
 
 
-@register("reward", "multiple_choice")
+@register("multiple_choice")
 def multiple_choice_score(response: str, gold: str, n_options: int = DEFAULT_N_OPTIONS) -> float:
     """Binary MC reward: 1.0 iff the letter :func:`extract_choice` finds equals ``gold`` (a letter).
 
@@ -401,6 +400,5 @@ MULTIPLE_CHOICE_SPEC = RewardSpec(
     cache_tag="multiple_choice/v1",
 )
 """Extract/judge split of ``multiple_choice`` for :class:`~creditlab.rewards.scorer.RewardScorer`
-(added to :data:`~creditlab.rewards.math_verify_reward.REWARD_SPECS` below; ``creditlab.rewards`` imports
-this module, so scorer workers see it)."""
-REWARD_SPECS.setdefault("multiple_choice", MULTIPLE_CHOICE_SPEC)
+(registered below; ``creditlab.rewards`` imports this module, so scorer workers see it)."""
+add_spec(MULTIPLE_CHOICE_SPEC)

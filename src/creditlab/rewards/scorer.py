@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from creditlab.rewards.math_verify_reward import RewardSpec, get_reward_spec
+from creditlab.rewards.registry import RewardSpec, get_reward_spec
 
 # With start_method="forkserver": imported once by the fork server so that workers start warm
 # ("__main__" is the multiprocessing default; Python 3.11's fork server ignores it, so workers of a

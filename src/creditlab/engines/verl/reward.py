@@ -70,9 +70,9 @@ def code_exec_reward() -> Callable[..., float]:
 
     fn = getattr(code_reward, "code_exec_score", None)
     if fn is None:
-        from creditlab.algos import registry
+        from creditlab.rewards import registry
 
-        fn = registry.get("reward", "code_exec")
+        fn = registry.get("code_exec")
     return fn
 
 

@@ -1,9 +1,9 @@
 """The registered reward ``code_exec``: 1.0 iff the response's extracted code passes every test of its gold.
 
-Registered reward (kind ``"reward"``): ``code_exec`` -- :func:`code_exec_score`, 1.0 if the code
+Registered reward (:mod:`creditlab.rewards.registry`): ``code_exec`` -- :func:`code_exec_score`, 1.0 if the code
 extracted from the response passes every test of ``gold`` (JSON, see
-:func:`~creditlab.rewards.code.cases.parse_tests`), else 0.0. Importing this module also adds a
-:class:`~creditlab.rewards.math_verify_reward.RewardSpec` to ``REWARD_SPECS`` (extract =
+:func:`~creditlab.rewards.code.cases.parse_tests`), else 0.0. Importing this module also registers its
+:class:`~creditlab.rewards.registry.RewardSpec` (extract =
 :func:`~creditlab.rewards.code.extract.extract_code`, judge = :func:`judge_code_exec`), so
 ``RewardScorer("code_exec", timeout_s=...)`` works: each distinct ``(extracted code, gold)`` is
 judged once (the verdict is a deterministic function of the pair given the limits; a timeout
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import logging
 
-from creditlab.algos.registry import register
 from creditlab.rewards.code.cases import parse_tests
 from creditlab.rewards.code.extract import extract_code
 from creditlab.rewards.code.runner import run_tests
-from creditlab.rewards.math_verify_reward import REWARD_SPECS, RewardSpec
+from creditlab.rewards.registry import RewardSpec, add_spec, register
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ def judge_code_exec(code: str, gold: str) -> float:
     return run_tests(code, tests, **options).reward
 
 
-@register("reward", "code_exec")
+@register("code_exec")
 def code_exec_score(response: str, gold: str) -> float:
     """Code-execution reward of a response: 1.0 iff its last fenced (python) block passes all tests."""
     code = extract_code(response)
@@ -54,8 +53,5 @@ def code_exec_score(response: str, gold: str) -> float:
     return judge_code_exec(code, gold)
 
 
-REWARD_SPECS.setdefault(
-    "code_exec",
-    RewardSpec(name="code_exec", extract=extract_code, judge=judge_code_exec, failure=CODE_EXEC_WRONG,
-               cache_tag="code_exec/v2"),  # v2: issue 21 (v1 verdicts may hold forged passes)
-)
+add_spec(RewardSpec(name="code_exec", extract=extract_code, judge=judge_code_exec, failure=CODE_EXEC_WRONG,
+                    cache_tag="code_exec/v2"))  # v2: issue 21 (v1 verdicts may hold forged passes)
