@@ -75,13 +75,16 @@ def test_learn_adv_transform_zero_means_no_policy_gradient(tmp_path):
 
 
 def _paper(extra):
-    from creditlab.tables.spec import parse_paper
+    from creditlab.papers.load import parse_paper
+    from creditlab.plan import check_analysis_kinds
 
     base = {"paper": "p", "backbones": {"B": {"tiny": "tiny-s"}}, "benchmarks": {"X": {"tiny": "easy"}},
             "runs": {"dapo": {"method": "dapo"}},
             "tables": {"t": {"columns": [{"name": "X", "benchmark": "X", "metric": "greedy"}],
                              "rows": [{"label": "r", "backbone": "B", "run": "dapo"}]}}}
-    return parse_paper(base | {"analyses": extra}, "test.yaml")
+    spec = parse_paper(base | {"analyses": extra}, "test.yaml")
+    check_analysis_kinds(spec)  # kinds and params: creditlab.plan, against creditlab.analysis
+    return spec
 
 
 def test_analyses_are_validated_before_any_job():

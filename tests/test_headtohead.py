@@ -25,7 +25,7 @@ from creditlab.plan import (CONFIG_DIR, PlanError, build_plan, check_registered,
                             hydra_value, run_config)
 from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table, metrics_path, run_metrics_path, table_markdown
-from creditlab.tables.spec import parse_paper
+from creditlab.papers.load import parse_paper
 
 # ------------------------------------------------------------------------------------------- composition
 

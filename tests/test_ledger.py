@@ -15,7 +15,7 @@ from table_helpers import write_eval
 
 from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table, metrics_path, run_metrics_path
-from creditlab.tables.spec import parse_paper
+from creditlab.papers.load import parse_paper
 
 K = 8
 PAPER = {
@@ -219,7 +219,7 @@ def test_a_label_on_several_backbones_needs_the_claims_backbone():
 
 
 def test_claims_in_the_paper_configs_are_valid():
-    from creditlab.tables.spec import load_paper
+    from creditlab.papers.load import load_paper
     root = Path(__file__).resolve().parents[1] / "configs" / "papers"
     for name in ("dlogp", "delta", "dfpo", "cancellation", "arca"):
         assert 2 <= len(load_paper(root / f"{name}.yaml").claims) <= 4

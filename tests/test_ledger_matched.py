@@ -15,7 +15,7 @@ import pytest
 
 from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table, metrics_path
-from creditlab.tables.spec import load_paper, parse_paper
+from creditlab.papers.load import load_paper, parse_paper
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10  # samples per question

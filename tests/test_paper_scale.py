@@ -55,7 +55,7 @@ def _run_cfg(composer, run):
 
 
 def test_paper_scale_plans_every_table_of_the_five_papers(paper_plan):
-    from creditlab.tables.spec import load_paper
+    from creditlab.papers.load import load_paper
 
     every = [(p, t) for p in PAPERS for t in load_paper(CONFIG_DIR / "papers" / f"{p}.yaml").tables]
     assert sorted(paper_plan.tables) == sorted(every) and paper_plan.skipped_tables == []
@@ -158,7 +158,7 @@ def _with_paper(tmp_path, data):
 
 def test_scale_overrides_order_and_validation(tmp_path):
     """Paper-level settings first ("*", then the backbone's), then the run's overrides, then its own at the scale."""
-    from creditlab.tables.spec import parse_paper
+    from creditlab.papers.load import parse_paper
 
     cfg_dir = _with_paper(tmp_path, SO_PAPER)
     plan = build_plan({"scale": "paper", "papers": ["so"], "seeds": [0], "results": "r"}, cfg_dir)

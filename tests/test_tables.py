@@ -21,7 +21,8 @@ from creditlab.tables.build import (
     write_table,
 )
 from creditlab.tables.figures import plot_training_curves
-from creditlab.tables.spec import load_paper, load_papers, resolve_metric
+from creditlab.papers.load import load_paper, load_papers
+from creditlab.papers.spec import resolve_metric
 
 FIXTURES = Path(__file__).parent / "fixtures" / "papers"
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from creditlab.tables.build import (
     write_table,
 )
 from creditlab.tables.figures import plot_bars, plot_token_credit
-from creditlab.tables.spec import parse_paper
+from creditlab.papers.load import parse_paper
 from creditlab.tables.token_credit import (
     load_token_credit,
     overall_mean,

@@ -29,7 +29,7 @@ from creditlab.tables.build import (
     write_table,
 )
 from creditlab.tables.figures import ema, plot_bars
-from creditlab.tables.spec import parse_paper
+from creditlab.papers.load import parse_paper
 
 THRESHOLD, SMOOTHING, N = 0.7, 0.6, 8  # the column's threshold, the default EMA factor, steps per run
 PAPER = {

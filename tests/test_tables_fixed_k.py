@@ -17,7 +17,8 @@ from table_helpers import cell, write_eval
 
 from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table, metrics_path, table_markdown
-from creditlab.tables.spec import load_paper, parse_paper, resolve_metric
+from creditlab.papers.load import load_paper, parse_paper
+from creditlab.papers.spec import resolve_metric
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "configs" / "papers"

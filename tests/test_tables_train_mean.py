@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from creditlab.tables.build import build_table, run_metrics_path, table_markdown
-from creditlab.tables.spec import parse_paper
+from creditlab.papers.load import parse_paper
 
 PAPER = {
     "paper": "td", "title": "toy", "backbones": {"S": {"tiny": "tiny-s"}},

@@ -37,7 +37,7 @@ def test_group_coupled_loss_refuses_scattered_groups(tmp_path):
 
 def test_table_curves_key_is_validated_and_used():
     from creditlab.plan import CONFIG_DIR
-    from creditlab.tables.spec import load_paper
+    from creditlab.papers.load import load_paper
 
     spec = load_paper(CONFIG_DIR / "papers" / "dfpo.yaml")
     assert "cancel_rel_residual" in spec.table("main").curves

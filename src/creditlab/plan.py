@@ -11,7 +11,7 @@ shared by papers with different seeds is planned for the union of their seeds.
 
 Overrides: a run's Hydra overrides are its paper's settings at the plan's scale (``scale_overrides``: at ``paper``
 scale, the papers' own hyperparameters), then the run's own ``overrides``, then its own ``scale_overrides`` at that
-scale (`creditlab.tables.spec.PaperSpec.run_overrides`); at tiny and micro scale a run's overrides are its
+scale (`creditlab.papers.spec.PaperSpec.run_overrides`); at tiny and micro scale a run's overrides are its
 ``overrides``.
 """
 
@@ -27,10 +27,12 @@ from functools import lru_cache
 import yaml
 from omegaconf import OmegaConf
 
+from creditlab.analysis import KINDS, analyze_params
 from creditlab.config_compose import CONFIG_DIR, hydra_value, run_args
 from creditlab.paths import run_key
 from creditlab.scales import smoke_job
-from creditlab.tables.spec import DecodeSpec, PaperSpec, load_paper
+from creditlab.papers.load import Checker, load_paper
+from creditlab.papers.spec import DecodeSpec, PaperSpec
 
 BASE_RUN = "base"
 
@@ -189,6 +191,8 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
+    for spec in papers.values():
+        check_analysis_kinds(spec)
     if pipeline.get("tables"):
         papers = select_tables(papers, pipeline["tables"])
     if pipeline.get("ignore_paper_seeds"):
@@ -238,6 +242,19 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     if validate:
         check_table_inputs(plan, validate_runs(plan.runs.values(), config_dir))
     return plan
+
+
+def check_analysis_kinds(spec: PaperSpec) -> None:
+    """Every analysis of a paper names a kind of creditlab.analysis (KINDS) and only keywords of that kind's
+    ``analyze`` (read from its source, without importing torch): ValueError naming the file, the key and the choices.
+    The paper config's own checks (creditlab.papers.load) cannot make these: the kinds are code of a higher layer."""
+    chk = Checker(spec.source)
+    for name, an in spec.analyses.items():
+        where = f"analyses.{name}"
+        chk.choice(an.kind, f"{where}.kind", KINDS)
+        allowed = analyze_params(an.kind)
+        for key, _ in an.params:
+            chk.choice(key, f"{where}.params.{key}", allowed)
 
 
 def select_tables(papers: dict[str, PaperSpec], tables: Iterable[str]) -> dict[str, PaperSpec]:

@@ -45,9 +45,9 @@ import pandas as pd
 
 from creditlab import paths
 from creditlab.eval.metrics import bootstrap_average, bootstrap_ci, pass_at_k_per_question
-from creditlab.tables.figures import curve, ema, read_jsonl
-from creditlab.tables.spec import (BASE_RUN, COMPARISON_METRICS, TRAINING_METRICS, Column, PaperSpec, Row, TableSpec,
+from creditlab.papers.spec import (BASE_RUN, COMPARISON_METRICS, TRAINING_METRICS, Column, PaperSpec, Row, TableSpec,
                                    resolve_metric)
+from creditlab.tables.figures import curve, ema, read_jsonl
 
 N_BOOT = 2000
 ALPHA = 0.05

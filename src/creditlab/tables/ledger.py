@@ -56,7 +56,7 @@ from creditlab.tables.build import (
     seed_matrix,
     split_field,
 )
-from creditlab.tables.spec import Claim, PaperSpec, TableSpec, resolve_metric
+from creditlab.papers.spec import Claim, PaperSpec, TableSpec, resolve_metric
 
 N_BOOT = 2000
 ALPHA = 0.05
