@@ -15,9 +15,9 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import creditlab.models.tiny as tiny  # noqa: E402
-from creditlab.cli import _load_model  # noqa: E402
 from creditlab.lm.batch import pack, response_forward  # noqa: E402
 from creditlab.lm.sampler import generate, left_pad  # noqa: E402
+from creditlab.jobs.common import load_model  # noqa: E402
 from creditlab.models.tiny import build_model, n_params  # noqa: E402
 from creditlab.plan import CONFIG_DIR  # noqa: E402
 
@@ -125,7 +125,7 @@ def test_response_forward_matches_plain_forward(model):
 
 def test_save_reload_round_trip(model, tmp_path):
     model.save_pretrained(tmp_path)
-    loaded = _load_model(tmp_path).eval()  # the loader of `train` / `evaluate`
+    loaded = load_model(tmp_path).eval()  # the loader of `train` / `evaluate`
     assert type(loaded) is type(model)
     assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == model.config.tie_word_embeddings
     want, got = model.state_dict(), loaded.state_dict()

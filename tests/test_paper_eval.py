@@ -33,7 +33,7 @@ import yaml  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from hub_fixtures import HUB, fixture  # noqa: E402
 
-from creditlab import cli, paths  # noqa: E402
+from creditlab import paths  # noqa: E402
 from creditlab.data.hub_registry import load_dataset  # noqa: E402
 from creditlab.data.io import write_records  # noqa: E402
 from creditlab.data.schema import render_record_prompt  # noqa: E402
@@ -42,6 +42,7 @@ from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
 from creditlab.eval.evaluate import GREEDY_SAMPLE, encode_prompts  # noqa: E402
+from creditlab.jobs.evaluate import evaluate_run, evaluate_suites  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 from creditlab.plan import CONFIG_DIR, build_plan, run_config  # noqa: E402
 
@@ -133,7 +134,7 @@ def test_hub_model_evaluation_through_vllm(hub_world, monkeypatch) -> None:
     run = w["plan"].get("qwen2.5-math-7b", "base", 0)
     cfg = run_config(run)
     assert cfg["model"]["kind"] == "hub" and cfg["eval"]["backend"] == "vllm" and cfg["eval"]["chat_template"]
-    result = cli.evaluate_run(run, _small(cfg), w["results"], suites=list(SUITES), quiet=True)
+    result = evaluate_run(run, _small(cfg), w["results"], suites=list(SUITES), quiet=True)
 
     out = paths.fmt(paths.EVAL_DIR, results=w["results"], scale="paper", backbone=run.backbone, run="base", seed=0)
     assert json.loads((out / "metrics.json").read_text())["suites"].keys() == SUITES.keys()
@@ -172,7 +173,7 @@ def test_selective_decoding_of_a_trained_hub_run(hub_world, monkeypatch) -> None
     plan = w["plan"]
     run, decode = plan.get("qwen2.5-32b", "dapo-ds", 0), plan.decode("extrap")
     assert plan.eval_suites(run, "extrap") == ["aime24"]  # what the job would evaluate; the fixtures' suites here
-    result = cli.evaluate_run(run, _small(run_config(run)), w["results"], decode=decode, suites=["aime25"],
+    result = evaluate_run(run, _small(run_config(run)), w["results"], decode=decode, suites=["aime25"],
                               quiet=True)  # fmt: skip
     assert result["settings"]["decoder"]["name"] == "selective_extrapolation"
     assert result["settings"]["decoder"]["backend"] == "vllm"
@@ -207,7 +208,7 @@ def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
         return fn
 
     for right in (True, False):
-        result = cli._evaluate(None, tok, w["suites"], cfg, 0, tmp_path / str(right), True, scripted(right),
+        result = evaluate_suites(None, tok, w["suites"], cfg, 0, tmp_path / str(right), True, scripted(right),
                                eos_id=[tok.eos_token_id, w["im_end"]])  # fmt: skip
         for suite, res in result["suites"].items():
             assert res["metrics"]["avg@2"]["mean"] == float(right), (suite, right)
@@ -220,9 +221,9 @@ def test_local_backend_is_refused_for_hub_models(hub_world) -> None:
     cfg = _small(run_config(run))
     cfg["eval"]["backend"] = "local"
     with pytest.raises(SystemExit, match="hub model, evaluated with vLLM"):
-        cli.evaluate_run(run, cfg, w["results"], suites=list(SUITES), quiet=True)
+        evaluate_run(run, cfg, w["results"], suites=list(SUITES), quiet=True)
     with pytest.raises(SystemExit, match="no suite file"):
-        cli.evaluate_run(run, _small(run_config(run)), w["results"], suites=["nope"], quiet=True)
+        evaluate_run(run, _small(run_config(run)), w["results"], suites=["nope"], quiet=True)
 
 
 def test_hub_engine_settings_size_the_gpus() -> None:

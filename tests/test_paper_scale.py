@@ -581,9 +581,7 @@ class _FakeVerl:
 def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper_plan):
     """`python -m creditlab train` at scale paper: config.yaml, the MLflow run (its id to verl), the verl command, the
     step check, the merge into final/, DONE; a short run is not marked DONE."""
-    import argparse
-
-    from creditlab import cli
+    from creditlab.jobs.train import train_verl
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     results = tmp_path / "results"
@@ -592,9 +590,8 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
     base = paths.fmt(paths.BASE_DONE, results=results, scale="paper", backbone=run.backbone)
     base.parent.mkdir(parents=True)
     base.write_text(json.dumps({"path": "/hf/snapshots/abc"}))
-    a = argparse.Namespace(results=str(results), quiet=True)
     fake = _FakeVerl()
-    cli._train_verl(a, run, cfg, launcher=fake)
+    train_verl(str(results), run, cfg, launcher=fake)
     run_dir = paths.fmt(paths.RUN_DIR, results=results, scale="paper", backbone=run.backbone, run=run.run, seed=1337)
     done = json.loads((run_dir / "DONE").read_text())
     assert (done["steps_done"], done["steps_requested"], done["engine"]) == (100, 100, "verl") and done["mlflow_run_id"]
@@ -608,9 +605,9 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
     # a verl run that stopped short (or failed) is not DONE; its checkpoints stay for the resume
     short = paper_plan.get("qwen3-1.7b-base", "arca-r16", 1337)
     with pytest.raises(SystemExit, match="checkpointed step 40 of 100"):
-        cli._train_verl(a, short, run_config(short), launcher=_FakeVerl(steps_written=40))
+        train_verl(str(results), short, run_config(short), launcher=_FakeVerl(steps_written=40))
     with pytest.raises(SystemExit, match="verl exited with status 3"):
-        cli._train_verl(a, short, run_config(short), launcher=_FakeVerl(rc=3))
+        train_verl(str(results), short, run_config(short), launcher=_FakeVerl(rc=3))
     assert not paths.fmt(paths.RUN_DONE, results=results, scale="paper", backbone=short.backbone, run=short.run,
                          seed=1337).exists()
 
@@ -618,11 +615,10 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
 def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkeypatch):
     """`warmup` at paper scale: no SFT; the hub snapshot (here a fake download) is checked against the model config and
     recorded in DONE (the launcher's model path); a checkpoint that is not what the config says is refused."""
-    import argparse
-
     import huggingface_hub
 
     from creditlab import cli
+    from creditlab.jobs.warmup import warmup
 
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-4B-Base" / "snapshots" / "0123abcd"
     snapshot.mkdir(parents=True)
@@ -630,16 +626,16 @@ def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkey
     asked = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo_id, revision=None: asked.append((repo_id, revision)) or str(snapshot))
-    a = argparse.Namespace(results=str(tmp_path / "results"), scale="paper", backbone="qwen3-4b-base", seed=0)
-    cli.cmd_warmup(a)
-    done_path = paths.fmt(paths.BASE_DONE, results=a.results, scale="paper", backbone="qwen3-4b-base")
+    results = str(tmp_path / "results")
+    warmup(results, "paper", "qwen3-4b-base", 0)
+    done_path = paths.fmt(paths.BASE_DONE, results=results, scale="paper", backbone="qwen3-4b-base")
     done = json.loads(done_path.read_text())
     assert asked == [("Qwen/Qwen3-4B-Base", None)]
     assert (done["hf_id"], done["commit"], done["path"]) == ("Qwen/Qwen3-4B-Base", "0123abcd", str(snapshot))
     (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 4096}))
     with pytest.raises(SystemExit, match="config.json says .*4096.*configs/model/qwen3-4b-base.yaml says .*32768"):
-        cli.cmd_warmup(a)
+        warmup(results, "paper", "qwen3-4b-base", 0)
     # `evaluate` at paper scale reads the suites of the run's tables only (Paper C's six), and says which are
     # missing before it starts anything (tests/test_paper_eval.py runs it for real)
     with pytest.raises(SystemExit, match=r"qb/s0: no suite file\(s\) .*aime24.parquet.*math500.parquet'\]: run the `prepare`"):
-        cli.main(["--results", a.results, "--scale", "paper", "evaluate", "--backbone", "qwen3-4b-base", "--run", "qb"])
+        cli.main(["--results", results, "--scale", "paper", "evaluate", "--backbone", "qwen3-4b-base", "--run", "qb"])

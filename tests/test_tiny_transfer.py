@@ -264,7 +264,7 @@ def test_shipped_configs_have_the_transfer_suites() -> None:
 
 def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Path, dict], tmp_path: Path) -> None:
     """`creditlab evaluate`'s path with scripted responses: gold solutions score 1 on every suite, wrong ones 0."""
-    from creditlab import cli
+    from creditlab.jobs.evaluate import evaluate_suites
     from creditlab.lm.sampler import Generation
     from creditlab.plan import compose
 
@@ -291,7 +291,7 @@ def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Pa
         return fn
 
     for right in (True, False):
-        result = cli._evaluate(None, tok, suites, cfg, 0, tmp_path / str(right), True, scripted(right))
+        result = evaluate_suites(None, tok, suites, cfg, 0, tmp_path / str(right), True, scripted(right))
         for suite, res in result["suites"].items():
             assert res["metrics"]["greedy"]["mean"] == float(right), (suite, right)
             assert res["metrics"]["avg@2"]["mean"] == float(right), (suite, right)

@@ -1,0 +1,71 @@
+"""What the jobs share: setup, atomic JSON, model loading, a run's MLflow parent and tags, its sources.
+
+Imports of transformers (and of modules that import it) stay inside the functions that need them, after
+:func:`setup`: huggingface_hub reads ``HF_HUB_OFFLINE`` when it is first imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditlab.models.sources import run_sources
+from creditlab.tracking.mlflow_tracker import ParentRun
+from creditlab.tracking.provenance import git_commit
+
+
+def setup(cfg: dict[str, Any] | None = None) -> None:
+    """Torch threads (``cfg["threads"]``, default 1) and ``HF_HUB_OFFLINE=1`` unless set."""
+    torch.set_num_threads(int((cfg or {}).get("threads", 1)))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def write_json(obj: Any, path: Path) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def load_tokenizer(data_dir: Path):
+    """The tiny world's tokenizer, saved by the `prepare` job under ``data_dir``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
+
+
+def load_model(model_dir: Path):
+    """A saved causal LM (a warmed-up base model or a run's final/)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir))
+
+
+def parent_run(run):
+    """The MLflow parent run (its first table) of a planned run, or None."""
+    where = run.parent_table
+    return ParentRun.of_table(run.scale, *where) if where else None
+
+
+def run_tags(run, cfg: dict[str, Any]) -> dict[str, str]:
+    """The MLflow tags of a planned run."""
+    return {
+        "paper": run.papers[0] if run.papers else "", "papers": ",".join(run.papers),
+        "table": ",".join(run.tables), "method": run.method, "run": run.run, "backbone": run.backbone,
+        "seed": str(run.seed), "scale": run.scale, "git_commit": git_commit(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+    }
+
+
+def sources(run, cfg: dict[str, Any], results: str | Path):
+    """The run's models, tokenizer, records and prompt rendering at its scale (creditlab.models.sources); a missing
+    base model (the `warmup` job has not run) stops the job with that message."""
+    try:
+        return run_sources(run, cfg, results)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from None
