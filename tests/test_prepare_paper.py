@@ -92,7 +92,8 @@ def test_the_paper_plan_needs_every_training_set_and_suite(real_inputs):
     catalogue = yaml.safe_load((CONFIG_DIR / "suites" / "paper.yaml").read_text())
     assert sorted(real_inputs.datasets) == ["dapo_math_17k", "deepmath_103k", "math_lighteval"]
     assert real_inputs.suites == list(catalogue) and real_inputs.catalogue == catalogue
-    assert len(real_inputs.runs["math_lighteval"]) == 7 and len(real_inputs.runs["deepmath_103k"]) == 23
+    # DeepMath: 23 DelTA-paper runs + delta-global-stats (paper scale only)
+    assert len(real_inputs.runs["math_lighteval"]) == 7 and len(real_inputs.runs["deepmath_103k"]) == 24
     # each config's hf_id (+ config, split) -> its loader
     got = {name: pp.hub_config(d)["train"][0]["dataset"] for name, d in real_inputs.datasets.items()}
     got |= {s: pp.suite_entry(s, catalogue[s])["dataset"] for s in catalogue}
