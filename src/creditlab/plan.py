@@ -82,6 +82,8 @@ class Plan:
     papers: dict[str, PaperSpec]
     runs: dict[str, Run]
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
+    skipped_analyses: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(paper, analysis) -> why it cannot run at this scale (`check_analyses`; filled when the plan is validated)."""
 
     @property
     def backbones(self) -> list[str]:
@@ -111,8 +113,10 @@ class Plan:
 
     @property
     def analyses(self) -> list[tuple[str, str]]:
-        """(paper, analysis) of every post-hoc analysis of the chosen papers."""
-        return [(p, a) for p, spec in self.papers.items() for a in spec.analyses]
+        """(paper, analysis) of every post-hoc analysis of the chosen papers, but those refused at this scale
+        (`skipped_analyses`)."""
+        return [(p, a) for p, spec in self.papers.items() for a in spec.analyses
+                if (p, a) not in self.skipped_analyses]
 
     @property
     def experiments(self) -> list[str]:
@@ -241,6 +245,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
         check_table_inputs(plan, validate_runs(plan.runs.values(), config_dir))
+        plan.skipped_analyses = check_analyses(plan, config_dir)
     return plan
 
 
@@ -255,6 +260,76 @@ def check_analysis_kinds(spec: PaperSpec) -> None:
         allowed = analyze_params(an.kind)
         for key, _ in an.params:
             chk.choice(key, f"{where}.params.{key}", allowed)
+
+
+class StartRefused(PlanError):
+    """An analysis start the run cannot provide at this scale (a step past its end, a checkpoint verl deletes)."""
+
+
+def resolve_start(start: str, cfg: dict[str, Any]) -> tuple[str, int | None]:
+    """An analysis' ``start`` against its run's resolved config: ("base" | "trained", step), step None for the base
+    model and for the run's final state. ``trained@N`` is the run's state after N steps, ``trained@P%`` after
+    floor(P% of trainer.steps) steps (verl runs: rounded down to a checkpoint, every ``trainer.checkpoint_every``
+    steps); N = the last step is the final state. The local engine replays the run from the base model to step N
+    (every draw is a function of (seed, step): the run's own state, `creditlab.analysis.runner`); verl runs read
+    ``global_step_N``, which must be one of the ``trainer.keep_checkpoints`` checkpoints verl keeps. StartRefused
+    (with the reason) when the run cannot provide it."""
+    import re
+
+    if start in ("base", "trained"):
+        return start, None
+    m = re.fullmatch(r"trained@(\d+)(%?)", str(start))
+    if m is None:
+        raise PlanError(f"unknown analysis start {start!r}; valid: base, trained, trained@<step>, trained@<percent>%")
+    t = cfg["trainer"]
+    steps, every = int(t["steps"]), max(1, int(t["checkpoint_every"]))
+    verl = t.get("engine", "local") == "verl"
+    n = int(m.group(1)) * steps // 100 if m.group(2) else int(m.group(1))
+    if m.group(2) and verl:
+        n = n // every * every
+    if n < 1:
+        raise StartRefused(f"start {start!r} is step {n} of a run of {steps} steps"
+                           + (f" (verl saves every {every} steps)" if verl else "") + ": no mid-training state")
+    if n > steps:
+        raise StartRefused(f"start {start!r}: the run trains {steps} steps only")
+    if n == steps:
+        return "trained", None
+    if verl:
+        saved = sorted(set(range(every, steps + 1, every)) | {steps})
+        kept = saved[-max(1, int(t.get("keep_checkpoints") or len(saved))):]
+        if n not in kept:
+            raise StartRefused(f"start {start!r}: verl saves the run every {every} steps and keeps the last "
+                               f"{len(kept)} checkpoints ({kept}): step {n} is gone when the run ends (raise "
+                               f"trainer.keep_checkpoints for the run, or start at one of those steps)")
+    return "trained", n
+
+
+def check_analyses(plan: Plan, config_dir: Path = CONFIG_DIR) -> dict[tuple[str, str], str]:
+    """Every analysis against its run's resolved config at this scale: its start (`resolve_start`) and what its kind
+    checks (`creditlab.analysis.plan_refusal`: e.g. its cost at this scale). Returns (paper, analysis) -> the reason
+    for those that cannot run here (the DAG leaves them out and says why); PlanError for a config error."""
+    from creditlab.analysis import plan_refusal
+
+    wanted = {}
+    for p, spec in plan.papers.items():
+        for a, an in spec.analyses.items():
+            wanted[(p, a)] = plan.get(spec.backbone_for(an.backbone, plan.scale), an.run, plan.paper_seeds(p)[0])
+    cfgs = composed_configs({r.key: r for r in wanted.values()}.values(), config_dir)
+    skipped: dict[tuple[str, str], str] = {}
+    plan.skipped_analyses = skipped  # filled as we go: an analysis reading others' results (fidelity_gains) comes last
+    for (p, a), run in sorted(wanted.items(), key=lambda kv: plan.papers[kv[0][0]].analyses[kv[0][1]].kind
+                              == "fidelity_gains"):
+        an = plan.papers[p].analyses[a]
+        try:
+            resolve_start(an.start, cfgs[run.key])
+            reason = plan_refusal(an.kind, an.kwargs, cfgs[run.key], plan, p, a)
+        except StartRefused as e:
+            reason = str(e)
+        except ValueError as e:
+            raise PlanError(f"paper {p!r} analysis {a!r}: {e}") from None
+        if reason:
+            skipped[(p, a)] = f"{run.key}: {reason}"
+    return skipped
 
 
 def select_tables(papers: dict[str, PaperSpec], tables: Iterable[str]) -> dict[str, PaperSpec]:

@@ -18,6 +18,8 @@ except (PlanError, ValueError) as err:
 if PLAN.skipped_tables:
     print(f"creditlab: tables with no benchmark stand-in at scale {PLAN.scale!r}, not built: "
           f"{', '.join(f'{p}/{t}' for p, t in PLAN.skipped_tables)}", file=sys.stderr)
+for (_p, _a), _why in PLAN.skipped_analyses.items():
+    print(f"creditlab: analysis {_p}/{_a} refused at scale {PLAN.scale!r}, not built: {_why}", file=sys.stderr)
 
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
@@ -164,13 +166,28 @@ def all_analyses():
 
 
 def analysis_inputs(wildcards):
-    """An analysis needs the data and its start weights: the backbone's base model or its run's DONE."""
+    """An analysis needs the data and its start weights: the backbone's base model or its run's DONE (a mid-training
+    start `trained@N`: the base model at tiny / micro, where the job replays the run to step N; the run at paper /
+    smoke, whose verl checkpoint it reads). A fidelity_gains analysis reads the credit_fidelity analyses it names
+    (those planned at this scale) and its table's CSV."""
     spec = PLAN.papers[wildcards.paper]
     an = spec.analyses[wildcards.analysis]
-    fill = dict(results=RESULTS, scale=SCALE, backbone=spec.backbone_for(an.backbone, SCALE), run=an.run,
-                seed=PLAN.paper_seeds(wildcards.paper)[0])
-    model = paths.BASE_DONE if an.start == "base" else paths.RUN_DONE
-    return {"data": str(paths.fmt(paths.DATA_DONE, **fill)), "model": str(paths.fmt(model, **fill))}
+    backbone = spec.backbone_for(an.backbone, SCALE)
+    seed = PLAN.paper_seeds(wildcards.paper)[0]
+    fill = dict(results=RESULTS, scale=SCALE, backbone=backbone, run=an.run, seed=seed)
+    hub = _run_cfg(backbone, an.run, seed)["model"].get("kind") == "hub"
+    model = paths.BASE_DONE if an.start == "base" or (an.start.startswith("trained@") and not hub) else paths.RUN_DONE
+    out = {"data": str(paths.fmt(paths.DATA_DONE, **fill)), "model": str(paths.fmt(model, **fill))}
+    if an.kind == "fidelity_gains":
+        from creditlab.analysis.plan_checks import analyze_defaults
+
+        kw = analyze_defaults("fidelity_gains") | an.kwargs
+        planned = set(PLAN.analyses)
+        out["fidelity"] = [str(paths.fmt(paths.ANALYSIS_JSON, results=RESULTS, scale=SCALE, paper=wildcards.paper,
+                                         analysis=n)) for n in kw["fidelity"] if (wildcards.paper, n) in planned]
+        out["table"] = str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=wildcards.paper,
+                                     table=kw["table"]))
+    return out
 
 
 def analysis_params(wildcards):

@@ -311,6 +311,12 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def _clean(c: np.ndarray) -> np.ndarray:
+    c = np.asarray(c, dtype=np.float64)
+    top = float(np.abs(c).max()) if c.size else 0.0
+    return np.round(c / top, 9) if top > 0 else c
+
+
 def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, clusters: np.ndarray, *,
                        half1: np.ndarray | None = None, half2: np.ndarray | None = None, baseline: str | None = None,
                        top_frac: float = 0.1, null_eps: float = 0.05, n_boot: int = 1000, seed: int = 0
@@ -322,6 +328,10 @@ def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, cluste
 
     Returns {"methods": {label: {metric: value, metric_ci: [lo, hi], "delta_" + metric (vs baseline) and its
     CI}}, "ceiling": {...}, "n_clusters", "n_tokens"}."""
+    # credit maps scaled to max |c| = 1 and rounded at 1e-9 (every metric is scale free): uniform credit's exact ties
+    # survive the rounding noise of an eps floor or a normaliser (ARCA's mean-1 weights read 1 +- 1e-7)
+    credits = {m: _clean(c) for m, c in credits.items()}
+    truth = np.round(np.asarray(truth, dtype=np.float64), 12)
     ids = np.unique(clusters)
     members = [np.nonzero(clusters == g)[0] for g in ids]
     rng = np.random.default_rng(seed)
