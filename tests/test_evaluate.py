@@ -18,8 +18,9 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 import creditlab.eval.evaluate as evaluate_mod
 from creditlab.eval.evaluate import GREEDY_SAMPLE, evaluate_model
-from creditlab.eval.metrics import pass_at_k, summarize_suite
+from creditlab.eval.metrics import summarize_suite
 from creditlab.rewards import RewardScorer
+from creditlab.stats import pass_at_k
 
 torch.set_num_threads(1)
 

@@ -23,9 +23,12 @@ from creditlab.algos.credit.dlogp import dlogp_weights
 from creditlab.algos.registry import get
 from creditlab.plan import (CONFIG_DIR, PlanError, build_plan, check_registered, combination_overrides, compose,
                             hydra_value, run_config)
-from creditlab.tables import ledger as L
-from creditlab.tables.build import build_table, metrics_path, run_metrics_path, table_markdown
 from creditlab.papers.load import parse_paper
+from creditlab.tables import ledger as L
+from creditlab.tables import stats as S
+from creditlab.tables.build import build_table
+from creditlab.tables.load import metrics_path, run_metrics_path
+from creditlab.tables.render import table_markdown
 
 # ------------------------------------------------------------------------------------------- composition
 
@@ -187,9 +190,9 @@ def test_bootstrap_p_matches_exact_enumeration():
     d = a - b
     exact = np.mean([d[list(idx)].mean() <= 0 for idx in itertools.product(range(5), repeat=5)])
     exact_rev = np.mean([d[list(idx)].mean() >= 0 for idx in itertools.product(range(5), repeat=5)])
-    _, _, _, p, p_rev = L.paired_bootstrap_diff_suites([a], [b], n_boot=20000, seed=1)
+    _, _, _, p, p_rev = S.paired_bootstrap_diff_suites([a], [b], n_boot=20000, seed=1)
     assert p == pytest.approx(exact, abs=0.01) and p_rev == pytest.approx(exact_rev, abs=0.01)
-    assert L.two_sided_p(p, p_rev) == pytest.approx(2 * min(exact, exact_rev), abs=0.02)
+    assert S.two_sided_p(p, p_rev) == pytest.approx(2 * min(exact, exact_rev), abs=0.02)
 
 
 def test_versus_verdicts_against_a_direct_holm():
@@ -198,11 +201,11 @@ def test_versus_verdicts_against_a_direct_holm():
     two = [0.008, 0.01, 0.04, 0.6]  # 2 min(p, p_rev)
     # Holm by hand: sorted 0.008 (x4 = 0.032), 0.01 (x3 = 0.03 -> max 0.032), 0.04 (x2 = 0.08), 0.6 (x1 -> 0.6)
     want_adj = [0.032, 0.032, 0.08, 0.6]
-    got = L.versus_verdicts(diffs, p1, p1r)
+    got = S.versus_verdicts(diffs, p1, p1r)
     assert [g[0] for g in got] == pytest.approx(two)
     assert [g[1] for g in got] == pytest.approx(want_adj)
-    assert [g[2] for g in got] == [L.BEATS, L.WORSE, L.TIED, L.TIED]  # 0.04 alone would pass: Holm says noise
-    assert L.versus_verdicts([], [], []) == []
+    assert [g[2] for g in got] == [S.BEATS, S.WORSE, S.TIED, S.TIED]  # 0.04 alone would pass: Holm says noise
+    assert S.versus_verdicts([], [], []) == []
 
 
 # ------------------------------------------------------------------------------------------- the table
@@ -281,7 +284,7 @@ def test_claims_column_verdicts_and_holm_family(built):
     assert _line(df, "LoRA")["verdict"] in ("worse than DAPO", "noise")
     assert _line(df, "LoRA same")["verdict"] == "noise vs LoRA"  # not the column's reference: named
     # the numbers: the ledger's paired bootstrap of each row vs its reference, two-sided, Holm over the 6 claims
-    from creditlab.tables.build import load_eval, seed_matrix
+    from creditlab.tables.load import load_eval, seed_matrix
 
     def per_suite(run):  # [questions, seeds]: the seeds are resampled with the questions
         res = [load_eval(root / "evals", "tiny-s", run, s) for s in SEEDS]
@@ -289,9 +292,9 @@ def test_claims_column_verdicts_and_holm_family(built):
 
     pairs = [("Good", "good", "dapo"), ("Same", "same", "dapo"), ("Bad", "bad", "dapo"), ("LoRA", "lora", "dapo"),
              ("LoRA good", "lora-good", "lora"), ("LoRA same", "lora-same", "lora")]
-    stats = [L.paired_bootstrap_diff_suites(per_suite(r), per_suite(ref), alpha=0.025) for _, r, ref in pairs]
-    p2 = [L.two_sided_p(st[3], st[4]) for st in stats]
-    adj = L.holm(p2)
+    stats = [S.paired_bootstrap_diff_suites(per_suite(r), per_suite(ref), alpha=0.025) for _, r, ref in pairs]
+    p2 = [S.two_sided_p(st[3], st[4]) for st in stats]
+    adj = S.holm(p2)
     for (label, _, _), st, p, a in zip(pairs, stats, p2, adj):
         line = _line(df, label)
         assert line["ours_mean"] == pytest.approx(st[0]) and line["ours_lo"] == pytest.approx(st[1])

@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from table_helpers import write_eval
 
-from creditlab.tables import ledger as L
-from creditlab.tables.build import build_table, metrics_path, run_metrics_path
 from creditlab.papers.load import parse_paper
+from creditlab.tables import ledger as L
+from creditlab.tables import stats as S
+from creditlab.tables.build import build_table
+from creditlab.tables.load import metrics_path, run_metrics_path
 
 K = 8
 PAPER = {
@@ -92,26 +94,26 @@ def _write(root: Path) -> None:
 
 def test_identical_runs_give_zero_difference_and_a_ci_containing_zero():
     x = np.random.default_rng(1).random(50)
-    diff, lo, hi = L.paired_bootstrap_diff(x, x.copy(), n_boot=500, seed=0)
+    diff, lo, hi = S.paired_bootstrap_diff(x, x.copy(), n_boot=500, seed=0)
     assert diff == 0.0 and lo == 0.0 and hi == 0.0  # paired: every resample's difference is exactly 0
-    assert L.single_verdict(lo, hi) == L.NOISE
+    assert S.single_verdict(lo, hi) == S.NOISE
 
 
 def test_better_on_every_question_holds_and_reversed_is_contradicted():
     b = np.random.default_rng(2).random(30)
     a = b + 0.1
-    diff, lo, hi = L.paired_bootstrap_diff(a, b, n_boot=500)
+    diff, lo, hi = S.paired_bootstrap_diff(a, b, n_boot=500)
     assert diff == pytest.approx(0.1) and lo == pytest.approx(0.1) and hi == pytest.approx(0.1)
-    assert L.single_verdict(lo, hi) == L.HOLDS
-    _, lo, hi = L.paired_bootstrap_diff(b, a, n_boot=500)
-    assert L.single_verdict(lo, hi) == L.CONTRADICTED
+    assert S.single_verdict(lo, hi) == S.HOLDS
+    _, lo, hi = S.paired_bootstrap_diff(b, a, n_boot=500)
+    assert S.single_verdict(lo, hi) == S.CONTRADICTED
 
 
 def test_paired_bootstrap_matches_a_direct_reading():
     """The bounds are the alpha / 1 - alpha quantiles of the mean differences of jointly resampled indices."""
     rng = np.random.default_rng(3)
     a, b = rng.random(20), rng.random(20)
-    diff, lo, hi, p, p_rev = L.paired_bootstrap_diff_suites([a], [b], n_boot=300, seed=7)
+    diff, lo, hi, p, p_rev = S.paired_bootstrap_diff_suites([a], [b], n_boot=300, seed=7)
     idx = np.random.default_rng(7).integers(0, 20, size=(300, 20))
     boots = a[idx].mean(axis=1) - b[idx].mean(axis=1)
     assert diff == pytest.approx(a.mean() - b.mean())
@@ -128,7 +130,7 @@ def test_seed_columns_are_resampled_with_the_questions():
     rng = np.random.default_rng(4)
     a = [rng.random((12, 3)), rng.random((7, 3))]
     b = [rng.random((12, 3)), rng.random((7, 3))]
-    diff, lo, hi, p, p_rev = L.paired_bootstrap_diff_suites(a, b, "count", n_boot=400, seed=9)
+    diff, lo, hi, p, p_rev = S.paired_bootstrap_diff_suites(a, b, "count", n_boot=400, seed=9)
     draws = np.random.default_rng(9)
     idx = [draws.integers(0, 12, size=(400, 12)), draws.integers(0, 7, size=(400, 7))]
     seeds = draws.integers(0, 3, size=(400, 3))
@@ -143,41 +145,41 @@ def test_seed_columns_are_resampled_with_the_questions():
     assert lo == pytest.approx(np.quantile(boots, 0.05)) and hi == pytest.approx(np.quantile(boots, 0.95))
     assert p == pytest.approx((1 + (boots <= 0).sum()) / 401) and p_rev == pytest.approx((1 + (boots >= 0).sum()) / 401)
     one = [x[:, :1] for x in a], [y[:, :1] for y in b]
-    assert L.paired_bootstrap_diff_suites(*one, n_boot=300, seed=2)[:3] == pytest.approx(
-        L.paired_bootstrap_diff_suites([x[:, 0] for x in a], [y[:, 0] for y in b], n_boot=300, seed=2)[:3])
+    assert S.paired_bootstrap_diff_suites(*one, n_boot=300, seed=2)[:3] == pytest.approx(
+        S.paired_bootstrap_diff_suites([x[:, 0] for x in a], [y[:, 0] for y in b], n_boot=300, seed=2)[:3])
     base = rng.random((200, 1)) * 0.01
     flips = base + np.array([[0.6, -0.5, 0.05]])  # seed 0: A far ahead, seed 1: far behind, seed 2: level
-    per_seed = L.paired_bootstrap_diff_suites([flips], [np.repeat(base, 3, axis=1)], n_boot=2000, seed=0)
-    averaged = L.paired_bootstrap_diff_suites([flips.mean(axis=1)], [base[:, 0]], n_boot=2000, seed=0)
-    assert averaged[3] < 0.001 and L.single_verdict(*averaged[1:3]) == L.HOLDS  # questions alone: "holds"
-    assert per_seed[3] > 0.05 and L.single_verdict(*per_seed[1:3]) == L.NOISE  # with the seeds: noise
+    per_seed = S.paired_bootstrap_diff_suites([flips], [np.repeat(base, 3, axis=1)], n_boot=2000, seed=0)
+    averaged = S.paired_bootstrap_diff_suites([flips.mean(axis=1)], [base[:, 0]], n_boot=2000, seed=0)
+    assert averaged[3] < 0.001 and S.single_verdict(*averaged[1:3]) == S.HOLDS  # questions alone: "holds"
+    assert per_seed[3] > 0.05 and S.single_verdict(*per_seed[1:3]) == S.NOISE  # with the seeds: noise
     with pytest.raises(ValueError, match="same seeds"):
-        L.paired_bootstrap_diff_suites([np.ones((3, 2))], [np.ones((3, 3))])
+        S.paired_bootstrap_diff_suites([np.ones((3, 2))], [np.ones((3, 3))])
 
 
 def test_several_suites_average_plain_or_weighted():
     a, b = [np.ones(2), np.zeros(6)], [np.zeros(2), np.zeros(6)]
-    assert L.paired_bootstrap_diff_suites(a, b, "plain", n_boot=50)[0] == pytest.approx(0.5)
-    assert L.paired_bootstrap_diff_suites(a, b, "count", n_boot=50)[0] == pytest.approx(0.25)
+    assert S.paired_bootstrap_diff_suites(a, b, "plain", n_boot=50)[0] == pytest.approx(0.5)
+    assert S.paired_bootstrap_diff_suites(a, b, "count", n_boot=50)[0] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="same questions"):
-        L.paired_bootstrap_diff_suites([np.ones(3)], [np.ones(4)])
+        S.paired_bootstrap_diff_suites([np.ones(3)], [np.ones(4)])
 
 
 def test_unpaired_bootstrap_over_steps():
-    diff, lo, hi, p, _ = L.unpaired_bootstrap_diff(np.array([2.0, 2.1, 1.9]), np.array([1.0, 1.1, 0.9]), n_boot=300)
+    diff, lo, hi, p, _ = S.unpaired_bootstrap_diff(np.array([2.0, 2.1, 1.9]), np.array([1.0, 1.1, 0.9]), n_boot=300)
     assert diff == pytest.approx(1.0) and lo > 0.5 and p == pytest.approx(1 / 301)
 
 
 def test_holm_against_a_hand_computation():
     # sorted 0.01, 0.02, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.02 = 0.04, 1 * 0.04 = 0.04 (monotone)
-    assert L.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert S.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
     # step-down monotonicity: 0.03 * 2 = 0.06 < 3 * 0.025 = 0.075 -> lifted to 0.075
-    assert L.holm([0.025, 0.03, 0.5]) == pytest.approx([0.075, 0.075, 0.5])
-    assert L.holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # 2 * 0.6 capped at 1; 0.9 lifted to 1 (monotone)
-    assert L.combined_verdict([0.01, 0.02], [0.99, 0.98]) == L.HOLDS
-    assert L.combined_verdict([0.01, 0.04], [0.99, 0.97]) == L.HOLDS  # Holm: 0.02, 0.04 (both < 0.05)
-    assert L.combined_verdict([0.03, 0.04], [0.97, 0.96]) == L.NOISE  # Holm: 0.06, 0.06
-    assert L.combined_verdict([0.01, 0.9], [0.99, 0.01]) == L.CONTRADICTED
+    assert S.holm([0.025, 0.03, 0.5]) == pytest.approx([0.075, 0.075, 0.5])
+    assert S.holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # 2 * 0.6 capped at 1; 0.9 lifted to 1 (monotone)
+    assert S.combined_verdict([0.01, 0.02], [0.99, 0.98]) == S.HOLDS
+    assert S.combined_verdict([0.01, 0.04], [0.99, 0.97]) == S.HOLDS  # Holm: 0.02, 0.04 (both < 0.05)
+    assert S.combined_verdict([0.03, 0.04], [0.97, 0.96]) == S.NOISE  # Holm: 0.06, 0.06
+    assert S.combined_verdict([0.01, 0.9], [0.99, 0.01]) == S.CONTRADICTED
 
 
 def test_verdict_strings():
@@ -241,8 +243,8 @@ def test_ledger_from_synthetic_evaluations(tmp_path: Path):
     uri = f"sqlite:///{db}"
     df, results = L.build_ledger(paper, "tiny", [0], tables, evals, K, runs, uri)
     verdicts = {r.claim.id: r.verdict for r in results}
-    assert verdicts == {"delta-beats-dapo": L.HOLDS, "dapo-beats-delta": L.CONTRADICTED, "same": L.NOISE,
-                        "best": L.HOLDS, "order": L.HOLDS, "between": L.HOLDS, "faster": L.HOLDS,
+    assert verdicts == {"delta-beats-dapo": S.HOLDS, "dapo-beats-delta": S.CONTRADICTED, "same": S.NOISE,
+                        "best": S.HOLDS, "order": S.HOLDS, "between": S.HOLDS, "faster": S.HOLDS,
                         "no-standin": L.NOT_TESTABLE}
     by_id = {r.claim.id: r for r in results}
     assert by_id["delta-beats-dapo"].comparisons[0].diff == pytest.approx(100 * 2 / K)  # percentage points

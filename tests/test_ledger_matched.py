@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from creditlab.tables import ledger as L
-from creditlab.tables.build import build_table, metrics_path
 from creditlab.papers.load import load_paper, parse_paper
+from creditlab.tables import ledger as L
+from creditlab.tables import stats as S
+from creditlab.tables.build import build_table
+from creditlab.tables.load import metrics_path
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10  # samples per question
@@ -111,21 +113,21 @@ def _results(tmp_path: Path) -> dict[str, L.ClaimResult]:
 
 def test_interpolation_range_and_grid_by_hand():
     x, y = np.array([10.0, 2.0, 6.0, 6.0]), np.array([60.0, 30.0, 48.0, 52.0])  # unsorted, a repeated x averaged
-    assert L.interpolate_curve(x, y, np.array([2.0, 4.0, 6.0, 8.0, 10.0])) == pytest.approx([30, 40, 50, 55, 60])
-    assert L.interpolate_curve(x, y, np.array([0.0, 12.0])) == pytest.approx([30, 60])  # held at the ends
-    assert L.matched_range([np.array([2.0, 6, 10]), np.array([8.0, 14, 20])]) == (8.0, 10.0)
-    assert L.matched_range([np.array([2.0, 6, 10]), np.array([20.0, 30])]) is None
-    assert L.matched_range([np.array([2.0, 10]), np.array([10.0, 30])]) == (10.0, 10.0)  # touching: one rate
-    assert list(L.matched_grid(8.0, 10.0)) == pytest.approx([8 + 0.2 * i for i in range(11)])
-    assert list(L.matched_grid(10.0, 10.0)) == [10.0]
+    assert S.interpolate_curve(x, y, np.array([2.0, 4.0, 6.0, 8.0, 10.0])) == pytest.approx([30, 40, 50, 55, 60])
+    assert S.interpolate_curve(x, y, np.array([0.0, 12.0])) == pytest.approx([30, 60])  # held at the ends
+    assert S.matched_range([np.array([2.0, 6, 10]), np.array([8.0, 14, 20])]) == (8.0, 10.0)
+    assert S.matched_range([np.array([2.0, 6, 10]), np.array([20.0, 30])]) is None
+    assert S.matched_range([np.array([2.0, 10]), np.array([10.0, 30])]) == (10.0, 10.0)  # touching: one rate
+    assert list(S.matched_grid(8.0, 10.0)) == pytest.approx([8 + 0.2 * i for i in range(11)])
+    assert list(S.matched_grid(10.0, 10.0)) == [10.0]
 
 
 def test_matched_gap_without_noise_is_the_mean_vertical_gap():
-    grid = L.matched_grid(8.0, 10.0)
+    grid = S.matched_grid(8.0, 10.0)
     d = (np.tile([2.0, 6.0, 10.0], (5, 1)), np.tile([30.0, 50.0, 60.0], (5, 1)))
     k = (np.tile([8.0, 14.0, 20.0], (5, 1)), np.tile([40.0, 50.0, 58.0], (5, 1)))
     gap = np.mean([(55 + 2.5 * (g - 8)) - (40 + 10 / 6 * (g - 8)) for g in grid])
-    diff, lo, hi, p, p_rev = L.matched_gap_bootstrap(d, k, grid)
+    diff, lo, hi, p, p_rev = S.matched_gap_bootstrap(d, k, grid)
     assert diff == pytest.approx(gap) and lo == pytest.approx(gap) and hi == pytest.approx(gap)
     assert p == pytest.approx(1 / 5) and p_rev == pytest.approx(1.0)  # (1 + 0) / (1 + 4) draws
 
@@ -138,9 +140,9 @@ def test_matched_rates_decide_where_the_first_thresholds_mislead(tmp_path: Path)
     the mean gap over the common range 8-10% that a hand interpolation of the cells gives; reversed: contradicted;
     a copy: noise; no overlap: not decidable, with the ranges in the note."""
     res = _results(tmp_path)
-    assert res["first"].verdict == L.CONTRADICTED
+    assert res["first"].verdict == S.CONTRADICTED
     matched = res["matched"]
-    assert matched.verdict == L.HOLDS and "matched Replaced" in matched.test and "interpolated linearly" in matched.test
+    assert matched.verdict == S.HOLDS and "matched Replaced" in matched.test and "interpolated linearly" in matched.test
     (comp,) = matched.comparisons
     assert (comp.winner[0], comp.loser[0]) == ("D", "K") and comp.lo > 0
     # by hand from the table's own cells (seed-averaged question means)
@@ -154,8 +156,8 @@ def test_matched_rates_decide_where_the_first_thresholds_mislead(tmp_path: Path)
     assert comp.diff == pytest.approx(float(np.mean(np.interp(grid, xd, yd) - np.interp(grid, xk, yk))))
     assert 14 < comp.diff < 18  # the curves of CURVES: about 15.8 points
     assert f"{lo:.4g}–{hi:.4g}" in matched.note
-    assert res["reversed"].verdict == L.CONTRADICTED
-    assert res["null"].verdict == L.NOISE and abs(res["null"].comparisons[0].diff) < 1  # same curve, other draws
+    assert res["reversed"].verdict == S.CONTRADICTED
+    assert res["null"].verdict == S.NOISE and abs(res["null"].comparisons[0].diff) < 1  # same curve, other draws
     assert res["apart"].verdict == L.NOT_DECIDABLE and not res["apart"].comparisons
     assert "do not overlap" in res["apart"].note
     assert re.search(r"\(D 2(\.\d+)?–(9\.9\d*|10); F 20(\.\d+)?–40(\.\d+)?\)", res["apart"].note)  # each range
@@ -173,7 +175,7 @@ def test_two_links_are_holm_corrected(tmp_path: Path):
     res = L.evaluate_claim(paper, claim, "tiny", [0, 1], evals, K, tmp_path / "runs")
     assert "Holm correction over the 2 links" in res.test and len(res.comparisons) == 2
     assert all(not np.isnan(c.p_holm) for c in res.comparisons)
-    assert res.verdict == L.CONTRADICTED  # K < E (E is D's copy) at matched rates: the second link is reversed
+    assert res.verdict == S.CONTRADICTED  # K < E (E is D's copy) at matched rates: the second link is reversed
 
 
 def test_the_ledger_reports_matched_claims(tmp_path: Path):

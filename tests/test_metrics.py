@@ -11,15 +11,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np
 import pytest
 
-from creditlab.eval.metrics import (
-    avg_at_k,
-    bootstrap_average,
-    bootstrap_ci,
-    greedy_accuracy,
-    pass_at_k,
-    pass_at_k_per_question,
-    summarize_suite,
-)
+from creditlab.eval.metrics import avg_at_k, greedy_accuracy, summarize_suite
+from creditlab.stats import bootstrap_average, bootstrap_ci, pass_at_k, pass_at_k_per_question
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:

@@ -13,8 +13,8 @@ import yaml
 
 from creditlab.decoding.diagnostics import token_stats
 from creditlab.plan import CONFIG_DIR, build_plan
-from creditlab.tables.figures import plot_replacement_curves
 from creditlab.papers.load import load_paper, parse_paper
+from creditlab.tables.figures import plot_replacement_curves
 
 PIPE = {"scale": "micro", "papers": ["dlogp"], "seeds": [0], "results": "results"}
 

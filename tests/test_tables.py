@@ -12,17 +12,13 @@ import pytest
 import yaml
 
 from table_helpers import cell as _cell
-from creditlab.tables.build import (
-    LONG_COLUMNS,
-    build_table,
-    metrics_path,
-    question_values,
-    table_markdown,
-    write_table,
-)
-from creditlab.tables.figures import plot_training_curves
 from creditlab.papers.load import load_paper, load_papers
 from creditlab.papers.spec import resolve_metric
+from creditlab.tables.build import build_table, write_table
+from creditlab.tables.figures import plot_training_curves
+from creditlab.tables.frame import LONG_COLUMNS
+from creditlab.tables.load import metrics_path, question_values
+from creditlab.tables.render import table_markdown
 
 FIXTURES = Path(__file__).parent / "fixtures" / "papers"
 REPO = Path(__file__).resolve().parents[1]

@@ -17,17 +17,12 @@ import yaml
 from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
-from creditlab.tables.build import (
-    LONG_COLUMNS,
-    build_table,
-    metrics_path,
-    read_step_times,
-    run_metrics_path,
-    table_markdown,
-    write_table,
-)
-from creditlab.tables.figures import plot_bars, plot_token_credit
 from creditlab.papers.load import parse_paper
+from creditlab.tables.build import build_table, write_table
+from creditlab.tables.figures import plot_bars, plot_token_credit
+from creditlab.tables.frame import LONG_COLUMNS
+from creditlab.tables.load import metrics_path, read_step_times, run_metrics_path
+from creditlab.tables.render import table_markdown
 from creditlab.tables.token_credit import (
     load_token_credit,
     overall_mean,

@@ -18,18 +18,13 @@ import yaml
 from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
-from creditlab.tables.build import (
-    LONG_COLUMNS,
-    build_table,
-    load_steps_to,
-    run_metrics_path,
-    steps_to_stats,
-    steps_to_threshold,
-    table_markdown,
-    write_table,
-)
-from creditlab.tables.figures import ema, plot_bars
 from creditlab.papers.load import parse_paper
+from creditlab.tables.build import build_table, write_table
+from creditlab.tables.figures import plot_bars
+from creditlab.tables.frame import LONG_COLUMNS
+from creditlab.tables.load import load_steps_to, run_metrics_path
+from creditlab.tables.render import steps_to_per_seed, steps_to_text, table_markdown
+from creditlab.tables.stats import ema, steps_to_stats, steps_to_threshold
 
 THRESHOLD, SMOOTHING, N = 0.7, 0.6, 8  # the column's threshold, the default EMA factor, steps per run
 PAPER = {
@@ -210,7 +205,7 @@ def test_load_steps_to_resumed_and_cut_lines(tmp_path: Path):
     with pytest.warns(UserWarning, match="not valid JSON"):
         st = load_steps_to(tmp_path, "tiny-s", "r", [0], threshold=0.75, smoothing=0.0)
     assert st.values.tolist() == [3.0] and not st.censored.any() and st.trained.tolist() == [3]  # step 1 resumed
-    assert st.per_seed() == "s0: 3" and st.text() == "3 steps"
+    assert steps_to_per_seed(st) == "s0: 3" and steps_to_text(st) == "3 steps"
     path.write_text('{"step": 0, "t_step": 1.0}\n')
     with pytest.raises(ValueError, match="no step with a finite 'reward_mean'"):
         load_steps_to(tmp_path, "tiny-s", "r", [0], 0.5, 0.6)
@@ -306,7 +301,7 @@ def test_steps_to_one_seed_has_no_ci_and_roundtrips(results: Path, tmp_path: Pat
 
 
 def test_steps_to_stats_bounds_and_reference_censoring():
-    from creditlab.tables.build import StepsTo
+    from creditlab.tables.load import StepsTo
 
     def st(values, censored):
         return StepsTo(tuple(range(len(values))), np.array(values, float), np.array(censored), np.full(len(values), 8),
@@ -318,7 +313,7 @@ def test_steps_to_stats_bounds_and_reference_censoring():
     assert steps_to_stats(row, ref, "percent")[0] == pytest.approx(100 * (13 / 22 - 1))
     assert steps_to_stats(st([5], [False]))[0] == 5 and math.isnan(steps_to_stats(st([5], [False]))[1])
     # the Markdown cell of a row whose reference is censored: an upper bound; both censored: no bound
-    from creditlab.tables.build import _ours_cell
+    from creditlab.tables.render import _ours_cell
 
     line = pd.Series({"unit": "x vs gspo", "detail": "", "metric": "steps_to", "run": "dfpo", "seeds": "0;1;2",
                       "ours_mean": mean, "ours_lo": lo, "ours_hi": hi, "censored": 0, "ref_censored": 2})

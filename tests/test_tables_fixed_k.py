@@ -15,10 +15,12 @@ import pytest
 import yaml
 from table_helpers import cell, write_eval
 
-from creditlab.tables import ledger as L
-from creditlab.tables.build import build_table, metrics_path, table_markdown
 from creditlab.papers.load import load_paper, parse_paper
 from creditlab.papers.spec import resolve_metric
+from creditlab.tables import ledger as L
+from creditlab.tables.build import build_table
+from creditlab.tables.load import metrics_path
+from creditlab.tables.render import table_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "configs" / "papers"

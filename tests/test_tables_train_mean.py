@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from creditlab.tables.build import build_table, run_metrics_path, table_markdown
 from creditlab.papers.load import parse_paper
+from creditlab.tables.build import build_table
+from creditlab.tables.load import run_metrics_path
+from creditlab.tables.render import table_markdown
 
 PAPER = {
     "paper": "td", "title": "toy", "backbones": {"S": {"tiny": "tiny-s"}},

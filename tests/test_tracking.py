@@ -294,6 +294,7 @@ def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(re
 
     import pandas as pd
 
+    from creditlab.tables.frame import row_run_ids
     from creditlab.tracking.mlflow_tracker import NOTE_TAG, ParentRun
     from creditlab.tracking.table_runs import publish_table
 
@@ -308,7 +309,7 @@ def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(re
     df.to_csv(csv, index=False)
     md.write_text("# Table pub\n\n| row | AIME24 |\n|---|---|\n| Ours | 45.5 |\n")
     link = publish_table(results, "paper-a", "tiny", "paper-a", "pub", df, md.read_text(), [csv, md],
-                         tmp_path / "local-pub")
+                         tmp_path / "local-pub", run_ids=row_run_ids(df))
     exp_a = client.get_experiment_by_name("paper-a").experiment_id
     exp_b = client.get_experiment_by_name("paper-b").experiment_id
     query = urllib.parse.parse_qs(link.split("?", 1)[1])

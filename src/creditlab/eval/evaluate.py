@@ -35,9 +35,10 @@ import torch
 from creditlab.progress import progress as progress_bar
 
 from creditlab.data.schema import render_record_prompt
-from creditlab.eval.metrics import bootstrap_average, per_question_metrics, summarize_suite
+from creditlab.eval.metrics import per_question_metrics, summarize_suite
 from creditlab.lm.sampler import Generation, SamplingParams, generate
 from creditlab.rewards.scorer import RewardScorer
+from creditlab.stats import bootstrap_average
 
 GREEDY_SAMPLE = -1
 """Value of the ``sample`` field of the greedy generation in the per-sample jsonl."""

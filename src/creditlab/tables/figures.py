@@ -1,8 +1,8 @@
-"""Figures: training curves of several runs from their metrics.jsonl files."""
+"""Draw a paper's figures as PNG files: training curves, replacement curves, bars, scatter, token credit, token
+histograms."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
@@ -11,6 +11,9 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+
+from creditlab.tables.load import curve, read_jsonl
+from creditlab.tables.stats import ema
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -25,40 +28,6 @@ def _warn(message: str) -> None:
     """Warn through both `warnings` (visible in tests) and logging (visible in job logs)."""
     warnings.warn(message, stacklevel=3)
     log.warning(message)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Read a metrics.jsonl; a non-JSON line (cut by a killed job) is skipped with a warning."""
-    records = []
-    with Path(path).open() as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                _warn(f"{path}:{lineno}: not valid JSON, line skipped")
-    return records
-
-
-def curve(records: Sequence[Mapping], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of `key` by step; a step logged twice (resumed run) keeps its last value."""
-    by_step: dict[int, float] = {}
-    for rec in records:
-        value = rec.get(key)
-        if "step" in rec and isinstance(value, (int, float)) and math.isfinite(value):
-            by_step[int(rec["step"])] = float(value)
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
-
-
-def ema(values: Sequence[float], smoothing: float) -> list[float]:
-    """Exponential moving average, debiased as in TensorBoard (smoothing 0 = the raw values)."""
-    out, acc = [], 0.0
-    for i, value in enumerate(values, start=1):
-        acc = smoothing * acc + (1.0 - smoothing) * value
-        out.append(acc / (1.0 - smoothing**i) if smoothing > 0 else value)
-    return out
 
 
 def plot_training_curves(series: Mapping[str, Path], out_png: Path,
@@ -158,7 +127,7 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     (e.g. the base model in a step_time column) is left out with a warning. At scale ``paper`` the
     paper's number is drawn as a black tick on its bar; at other scales it is not (not comparable).
     A steps_to cell with censored seeds is hatched and its value annotated with the bound it is (``>``: a
-    lower bound, ``<``: an upper one, ``?``: none; see tables.build._ours_cell).
+    lower bound, ``<``: an upper one, ``?``: none; see tables.render._ours_cell).
     """
     import pandas as pd
 

@@ -47,185 +47,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from creditlab.tables.build import (
-    SEP,
-    BASE_RUN,
-    load_eval,
-    load_step_times,
-    row_run_ids,
-    seed_matrix,
-    split_field,
+from creditlab.papers.spec import BASE_RUN, Claim, PaperSpec, TableSpec, resolve_metric
+from creditlab.tables.frame import SEP, row_run_ids, split_field
+from creditlab.tables.load import load_eval, load_step_times, seed_matrix
+from creditlab.tables.stats import (
+    BOOT_SEED,
+    CONTRADICTED,
+    HOLDS,
+    MATCHED_POINTS,
+    MATCHED_TEST,
+    N_BOOT,
+    NOISE,
+    PAIRED_TEST,
+    UNPAIRED_TEST,
+    combined_verdict,
+    holm,
+    matched_gap_bootstrap,
+    matched_grid,
+    matched_range,
+    paired_bootstrap_diff_suites,
+    point_mean,
+    single_verdict,
+    suite_means,
+    unpaired_bootstrap_diff,
 )
-from creditlab.papers.spec import Claim, PaperSpec, TableSpec, resolve_metric
 
-N_BOOT = 2000
-ALPHA = 0.05
-BOOT_SEED = 0
-
-HOLDS = "holds"
-CONTRADICTED = "contradicted"
-NOISE = "not resolved (noise)"
 NOT_TESTABLE = "not testable at this scale"
 NOT_DECIDABLE = "not decidable (no matched x: the series' measured ranges do not overlap)"
 VERDICTS = (HOLDS, CONTRADICTED, NOISE, NOT_TESTABLE, NOT_DECIDABLE)
-
-MATCHED_POINTS = 11
-"""Matched x values of a matched_order claim: evenly spaced over the series' common measured range, ends included."""
-
-PAIRED_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of both rows "
-               "together, and per suite the question indices, jointly for both rows; suites independently), "
-               "one-sided alpha 0.05")
-UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
-                 "independently), one-sided alpha 0.05")
-MATCHED_TEST = ("accuracy at matched {x}: per series, {y} interpolated linearly in the measured {x} (its rows' cells) "
-                "at {g} evenly spaced {x} values over the common range of the series' measured {x} (inside every "
-                "series' range); statistic per link: the mean over those values of the accuracy difference; paired "
-                "bootstrap over training seeds and questions (a draw resamples the seeds and, per suite, the questions "
-                "jointly for every row, recomputes every row's {x} and {y} and re-interpolates at the same matched "
-                "values), one-sided alpha 0.05")
-
-
-# ----------------------------------------------------------------------------------------------
-# statistics (pure)
-
-
-def _suite_means(per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str,
-                 seed_idx: np.ndarray | None = None) -> np.ndarray:
-    """Bootstrap means over suites: per suite the mean of x[idx] (idx: n_boot x n), then the plain or
-    question-count-weighted mean over suites. A per-suite array [n, S] (one column per seed) is resampled in its
-    seeds too: x[idx, seed_idx] (seed_idx: n_boot x S, the same for every suite: a seed is one training run)."""
-    def mean(x: np.ndarray, i: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=float)
-        if x.ndim == 1:
-            return x[i].mean(axis=1)
-        return x[i[:, :, None], seed_idx[:, None, :]].mean(axis=(1, 2))
-
-    means = np.stack([mean(x, i) for x, i in zip(per_suite, idx)])
-    weights = np.array([len(x) for x in per_suite], dtype=float) if weighting == "count" else np.ones(len(per_suite))
-    return (weights[:, None] * means).sum(axis=0) / weights.sum()
-
-
-def _point(per_suite: Sequence[np.ndarray], weighting: str) -> float:
-    means = np.array([np.mean(x) for x in per_suite], dtype=float)
-    weights = np.array([len(x) for x in per_suite], dtype=float) if weighting == "count" else np.ones(len(means))
-    return float((weights * means).sum() / weights.sum())
-
-
-def _bounds(diff: float, boots: np.ndarray, alpha: float) -> tuple[float, float, float, float, float]:
-    """(diff, lo, hi, p, p_reverse): one-sided bounds (alpha and 1 - alpha quantiles) and one-sided p-values."""
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    n = len(boots)
-    p = (1 + int((boots <= 0).sum())) / (1 + n)
-    p_rev = (1 + int((boots >= 0).sum())) / (1 + n)
-    return float(diff), float(lo), float(hi), float(p), float(p_rev)
-
-
-def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weighting: str = "plain",
-                                 n_boot: int = N_BOOT, seed: int = BOOT_SEED, alpha: float = ALPHA
-                                 ) -> tuple[float, float, float, float, float]:
-    """Paired bootstrap of mean(A) - mean(B) over several suites (one per-question array per suite, the
-    same questions in A and B): per suite the question indices are resampled jointly for A and B, suites
-    independently. Per-suite arrays of shape [n_questions, S] hold one column per training seed (seed s of A
-    paired with seed s of B): a draw then also resamples the S seeds, jointly for A and B and the same for every
-    suite, so the spread between training runs is in the test, not only the spread between questions (with one
-    seed this is the questions-only bootstrap). Returns (diff, lo, hi, p, p_reverse): lo / hi the one-sided
-    (1 - alpha) bounds (the alpha and 1 - alpha quantiles), p = P*(diff <= 0), p_reverse = P*(diff >= 0), each
-    (1 + count) / (1 + n_boot)."""
-    if len(a) != len(b) or not a:
-        raise ValueError(f"paired bootstrap needs the same suites on both sides, got {len(a)} and {len(b)}")
-    shapes = {np.shape(x)[1:] for x in [*a, *b]}
-    if len(shapes) != 1:
-        raise ValueError(f"paired bootstrap needs the same seeds in every suite on both sides, got shapes "
-                         f"{[np.shape(x) for x in [*a, *b]]}")
-    for x, y in zip(a, b):
-        if len(x) != len(y) or len(x) == 0:
-            raise ValueError(f"paired bootstrap needs the same questions on both sides, got {len(x)} and {len(y)}")
-    rng = np.random.default_rng(seed)
-    idx = [rng.integers(0, len(x), size=(n_boot, len(x))) for x in a]
-    n_seeds = shapes.pop()
-    seed_idx = rng.integers(0, n_seeds[0], size=(n_boot, n_seeds[0])) if n_seeds else None
-    boots = _suite_means(a, idx, weighting, seed_idx) - _suite_means(b, idx, weighting, seed_idx)
-    return _bounds(_point(a, weighting) - _point(b, weighting), boots, alpha)
-
-
-def paired_bootstrap_diff(a_per_question: np.ndarray, b_per_question: np.ndarray, n_boot: int = N_BOOT,
-                          seed: int = BOOT_SEED, alpha: float = ALPHA) -> tuple[float, float, float]:
-    """(mean, lo, hi) of mean(A) - mean(B) by a paired bootstrap over questions (indices resampled jointly);
-    lo / hi: the one-sided (1 - alpha) lower and upper bounds."""
-    diff, lo, hi, _, _ = paired_bootstrap_diff_suites([np.asarray(a_per_question, dtype=float)],
-                                                      [np.asarray(b_per_question, dtype=float)],
-                                                      n_boot=n_boot, seed=seed, alpha=alpha)
-    return diff, lo, hi
-
-
-def unpaired_bootstrap_diff(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                            alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
-    """(diff, lo, hi, p, p_reverse) of mean(A) - mean(B), A and B resampled independently (e.g. RL steps)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(a) == 0 or len(b) == 0:
-        raise ValueError("unpaired bootstrap needs values on both sides")
-    rng = np.random.default_rng(seed)
-    boots = (a[rng.integers(0, len(a), size=(n_boot, len(a)))].mean(axis=1)
-             - b[rng.integers(0, len(b), size=(n_boot, len(b)))].mean(axis=1))
-    return _bounds(float(a.mean() - b.mean()), boots, alpha)
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-adjusted p-values (step-down, monotone, capped at 1), in the input order."""
-    p = np.asarray(pvalues, dtype=float)
-    m = len(p)
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted.tolist()
-
-
-def two_sided_p(p: float, p_reverse: float) -> float:
-    """The two-sided p-value of a difference from its two one-sided bootstrap p-values: min(1, 2 min(p, p_rev))."""
-    return min(1.0, 2.0 * min(p, p_reverse))
-
-
-BEATS, WORSE, TIED = "beats", "worse than", "noise"
-"""The verdicts of a versus cell (row vs reference, two-sided, Holm over the table's versus cells)."""
-
-VERSUS_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of the row "
-               "and of the reference together, and per suite the question indices, jointly for both rows; suites "
-               "independently), two-sided "
-               "p = min(1, 2 min(p+, p-)) from the one-sided bootstrap p-values (1 + #) / (1 + B), Holm-corrected "
-               "over every versus cell of the table (family-wise alpha 0.05)")
-
-
-def versus_verdicts(diffs: Sequence[float], pvalues: Sequence[float], reverse_pvalues: Sequence[float],
-                    alpha: float = ALPHA) -> list[tuple[float, float, str]]:
-    """A family of "row vs reference" comparisons (one per versus cell of a table): per comparison (two-sided p,
-    Holm-adjusted p over the family, verdict): BEATS if adjusted p < alpha and the difference is positive, WORSE if
-    adjusted p < alpha and it is negative, else TIED (noise)."""
-    p2 = [two_sided_p(p, q) for p, q in zip(pvalues, reverse_pvalues)]
-    adj = holm(p2) if p2 else []
-    return [(p, a, (BEATS if d > 0 else WORSE) if a < alpha and d != 0 else TIED)
-            for d, p, a in zip(diffs, p2, adj)]
-
-
-def single_verdict(lo: float, hi: float) -> str:
-    """The verdict of one comparison A > B from the one-sided bounds of A - B."""
-    if lo > 0:
-        return HOLDS
-    if hi < 0:
-        return CONTRADICTED
-    return NOISE
-
-
-def combined_verdict(pvalues: Sequence[float], reverse_pvalues: Sequence[float], alpha: float = ALPHA) -> str:
-    """A claim of several comparisons: holds if every Holm-adjusted p < alpha; contradicted if any
-    Holm-adjusted reverse p < alpha; else not resolved."""
-    if all(p < alpha for p in holm(pvalues)):
-        return HOLDS
-    if any(p < alpha for p in holm(reverse_pvalues)):
-        return CONTRADICTED
-    return NOISE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,40 +112,6 @@ def _row_of(table: TableSpec, ref: tuple[str, str]):
     return next(r for r in table.rows if (r.label, r.backbone) == ref)
 
 
-def interpolate_curve(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """y of a curve through the points (x, y) at the values `at`: linear between the points sorted by x (points of
-    equal x averaged), held at the end values outside [min x, max x]."""
-    xs, inverse = np.unique(np.asarray(x, dtype=float), return_inverse=True)
-    ys = np.bincount(inverse, weights=np.asarray(y, dtype=float)) / np.bincount(inverse)
-    return np.interp(np.asarray(at, dtype=float), xs, ys)
-
-
-def matched_range(xs: Sequence[np.ndarray]) -> tuple[float, float] | None:
-    """The common range [max of the minima, min of the maxima] of several series' measured x; None when they do
-    not overlap."""
-    lo, hi = max(float(np.min(x)) for x in xs), min(float(np.max(x)) for x in xs)
-    return (lo, hi) if lo <= hi else None
-
-
-def matched_grid(lo: float, hi: float, n: int = MATCHED_POINTS) -> np.ndarray:
-    """The matched x values: `n` evenly spaced over [lo, hi], ends included (one value when lo == hi)."""
-    return np.array([lo]) if hi == lo else np.linspace(lo, hi, n)
-
-
-def matched_gap_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
-                          grid: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
-    """(diff, lo, hi, p, p_reverse) of the mean over `grid` of y_A(x) - y_B(x), each series given as (x, y): point
-    values [T] (one per row) and bootstrap values [B, T] (the same draws for both series) stacked as (x [B+1, T],
-    y [B+1, T]) with the point estimate first. Bounds and p-values as `paired_bootstrap_diff_suites`."""
-    (xa, ya), (xb, yb) = a, b
-
-    def gap(i: int) -> float:
-        return float(np.mean(interpolate_curve(xa[i], ya[i], grid) - interpolate_curve(xb[i], yb[i], grid)))
-
-    boots = np.array([gap(i) for i in range(1, len(xa))])
-    return _bounds(gap(0), boots, alpha)
-
-
 def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str, seeds: Sequence[int],
                    evals_dir: Path, k: int, sign: float, n_boot: int = N_BOOT, seed: int = BOOT_SEED
                    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -328,8 +143,8 @@ def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str,
     seed_idx = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
 
     def cell(per: dict[str, list[np.ndarray]], name: str) -> np.ndarray:
-        point = _point(per[name], weighting[name])
-        boots = _suite_means(per[name], [idx[s] for s in suites[name]], weighting[name], seed_idx)
+        point = point_mean(per[name], weighting[name])
+        boots = suite_means(per[name], [idx[s] for s in suites[name]], weighting[name], seed_idx)
         return np.concatenate([[point], boots])
 
     out = {}

@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from creditlab.tables.build import _md_table, _missing
+from creditlab.tables.frame import missing
+from creditlab.tables.render import md_table
 
 RANK_COLUMNS = ("side", "rank", "token", "shown", "ids", "count", "mean")
 """Columns of the ranking frame: side is "top" (highest mean weight) or "bottom" (lowest)."""
@@ -165,7 +166,7 @@ def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[s
         if part.empty:
             lines += [f"No token string was generated {meta['min_count']} times or more.", ""]
             continue
-        lines += _md_table(["Rank", "Token", "Ids", "Count", "Mean weight"],
+        lines += md_table(["Rank", "Token", "Ids", "Count", "Mean weight"],
                            [[str(r.rank), _code(r.shown), str(r.ids), str(r.count), _fmt3(r.mean)]
                             for r in part.itertuples()]) + [""]
     lines += ["## Provenance", "",
@@ -176,4 +177,4 @@ def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[s
 
 
 def _fmt3(value: float) -> str:
-    return "—" if _missing(value) else f"{value:.3f}"
+    return "—" if missing(value) else f"{value:.3f}"

@@ -7,7 +7,8 @@ built, `publish_table` resumes that parent run and
 - sets its description (`mlflow.note.content`, Markdown shown on the run page) to the table;
 - logs every cell's value as a metric `{column}/{row}/{backbone}` (step 0), so that tables can be
   charted and compared in the UI like runs;
-- tags it `row_run_ids` (the MLflow runs the cells were read from, one per row, backbone and seed)
+- tags it `row_run_ids` (the MLflow runs the cells were read from, one per row, backbone and seed: the caller's
+  `run_ids`, creditlab.tables.frame.row_run_ids of the table)
   and `compare_url`, the UI's compare view of exactly those runs: rows trained under another
   paper's table are in another experiment and not nested here, and the link includes them;
 - logs the table's files (CSV, Markdown, figures) as artifacts and ends the run FINISHED.
@@ -21,7 +22,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from creditlab.tables.build import row_run_ids
 from creditlab.tracking.mlflow_tracker import (MAX_TAG_VAL_LENGTH, NOTE_TAG, ParentRun, Tracker,
                                                mlflow_key)
 
@@ -46,11 +46,12 @@ def _note(markdown: str, files: Sequence[Path]) -> str:
 
 
 def publish_table(results_dir: str | Path, experiment: str, scale: str, paper: str, table: str,
-                  df: pd.DataFrame, markdown: str, files: Sequence[Path], local_dir: str | Path
-                  ) -> str | None:
-    """Log a built table into its parent run (see the module doc). Returns the compare link, or None offline."""
+                  df: pd.DataFrame, markdown: str, files: Sequence[Path], local_dir: str | Path, *,
+                  run_ids: Sequence[str]) -> str | None:
+    """Log a built table into its parent run (see the module doc); `run_ids`: the MLflow runs its cells were read
+    from. Returns the compare link, or None offline."""
     parent = ParentRun.of_table(scale, paper, table)
-    ids = row_run_ids(df)
+    ids = list(run_ids)
     tracker = Tracker.start(results_dir, experiment, parent.key, parent.name, tags=parent.tags, params={},
                             local_dir=local_dir)
     with tracker:
