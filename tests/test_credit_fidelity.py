@@ -237,7 +237,7 @@ def test_micro_end_to_end(micro_results, monkeypatch):
     the declared list through its own config), then fidelity_gains: "not built" without the table, tested with one."""
     import pandas as pd
 
-    from creditlab.analysis.runner import run_analysis
+    from creditlab.jobs.analyze import run_analysis
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the results dir's local store
     plan = _plan("micro")

@@ -289,7 +289,7 @@ def test_a_verl_checkpoint_of_another_model_is_refused(smoke_world, tmp_path):
 def test_paper_c_analysis_from_verls_final_state_at_smoke_scale(smoke_world):
     """`analyze --name flipping_trained` at smoke: the Trainer built on the run's final/, put in verl's checkpoint
     state, the analysis run, its provenance and Markdown saying where the start state came from."""
-    from creditlab.analysis.runner import run_analysis
+    from creditlab.jobs.analyze import run_analysis
 
     results = smoke_world["results"]
     result = run_analysis(results, _plan("smoke"), "cancellation", "flipping_trained")

@@ -271,7 +271,7 @@ def resolve_start(start: str, cfg: dict[str, Any]) -> tuple[str, int | None]:
     model and for the run's final state. ``trained@N`` is the run's state after N steps, ``trained@P%`` after
     floor(P% of trainer.steps) steps (verl runs: rounded down to a checkpoint, every ``trainer.checkpoint_every``
     steps); N = the last step is the final state. The local engine replays the run from the base model to step N
-    (every draw is a function of (seed, step): the run's own state, `creditlab.analysis.runner`); verl runs read
+    (every draw is a function of (seed, step): the run's own state, `creditlab.jobs.analyze`); verl runs read
     ``global_step_N``, which must be one of the ``trainer.keep_checkpoints`` checkpoints verl keeps. StartRefused
     (with the reason) when the run cannot provide it."""
     import re

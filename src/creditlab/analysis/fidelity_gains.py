@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 NEEDS_MODEL = False
-"""The job reads built results: the runner loads no model (`creditlab.analysis.runner`)."""
+"""The job reads built results: the runner loads no model (`creditlab.jobs.analyze`)."""
 
 
 def permutation_spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -> tuple[float, float]:

@@ -474,7 +474,7 @@ class Trainer:
     # ----------------------------------------------------------------------------- loop
     def fit(self, until: int | None = None) -> list[dict[str, float]]:
         """Run (or resume) until ``trainer.steps``, or until step ``until`` (an analysis replaying a run to a
-        mid-training state: `creditlab.analysis.runner.mid_training_state`); returns the per-step metric history."""
+        mid-training state: `creditlab.jobs.analyze.mid_training_state`); returns the per-step metric history."""
         t = self.tcfg
         end = t["steps"] if until is None else min(int(until), t["steps"])
         bar = progress(end, "rl steps", initial=self.step, enabled=self.progress)
