@@ -11,14 +11,11 @@ comparison of curves at matched x (matched_order claims). creditlab.tables.ledge
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from creditlab.stats import bootstrap_average, bootstrap_ci
-
-if TYPE_CHECKING:
-    from creditlab.tables.load import StepsTo, StepTimes
 
 N_BOOT = 2000
 ALPHA = 0.05
@@ -28,6 +25,16 @@ HOLDS = "holds"
 CONTRADICTED = "contradicted"
 NOISE = "not resolved (noise)"
 """The verdicts of one comparison A > B or of a claim of several (single_verdict, combined_verdict)."""
+
+
+class Sample(Protocol):
+    """The values of one run a training cell summarises (creditlab.tables.load: StepTimes, one per step; StepsTo, one
+    per seed)."""
+
+    values: np.ndarray
+
+    @property
+    def mean(self) -> float: ...
 
 MATCHED_POINTS = 11
 """Matched x values of a matched_order claim: evenly spaced over the series' common measured range, ends included."""
@@ -99,7 +106,7 @@ def _ratio_stats(row: np.ndarray, ref: np.ndarray, relative: str) -> tuple[float
     return value, float(lo), float(hi)
 
 
-def step_time_stats(row: StepTimes, ref: StepTimes | None = None, relative: str = "percent"
+def step_time_stats(row: Sample, ref: Sample | None = None, relative: str = "percent"
                     ) -> tuple[float, float, float]:
     """(mean, lo, hi): seconds per step with a bootstrap CI over steps; with `ref`, the % difference
     100 (mean / mean_ref - 1) (`relative="ratio"`: mean / mean_ref) with the CI of that ratio over
@@ -109,7 +116,7 @@ def step_time_stats(row: StepTimes, ref: StepTimes | None = None, relative: str 
     return _ratio_stats(row.values, ref.values, relative)
 
 
-def steps_to_stats(row: StepsTo, ref: StepsTo | None = None, relative: str = "percent"
+def steps_to_stats(row: Sample, ref: Sample | None = None, relative: str = "percent"
                    ) -> tuple[float, float, float]:
     """(mean, lo, hi): the mean over seeds of the steps to the threshold (censored seeds counted at N) with
     a percentile bootstrap CI over seeds (NaN with one seed); with `ref`, the ratio of the means as
