@@ -314,7 +314,7 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
 def _clean(c: np.ndarray) -> np.ndarray:
     c = np.asarray(c, dtype=np.float64)
     top = float(np.abs(c).max()) if c.size else 0.0
-    return np.round(c / top, 9) if top > 0 else c
+    return np.round(c / top, 6) if top > 0 else c
 
 
 def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, clusters: np.ndarray, *,
@@ -328,8 +328,8 @@ def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, cluste
 
     Returns {"methods": {label: {metric: value, metric_ci: [lo, hi], "delta_" + metric (vs baseline) and its
     CI}}, "ceiling": {...}, "n_clusters", "n_tokens"}."""
-    # credit maps scaled to max |c| = 1 and rounded at 1e-9 (every metric is scale free): uniform credit's exact ties
-    # survive the rounding noise of an eps floor or a normaliser (ARCA's mean-1 weights read 1 +- 1e-7)
+    # credit maps scaled to max |c| = 1 and rounded at 1e-6 (every metric is scale free): uniform credit's exact ties
+    # survive the float32 rounding of an eps floor or a normaliser (ARCA's mean-1 weights of a zero residual: 1 +- 1e-7)
     credits = {m: _clean(c) for m, c in credits.items()}
     truth = np.round(np.asarray(truth, dtype=np.float64), 12)
     ids = np.unique(clusters)
@@ -773,6 +773,8 @@ def _verdict(m: dict) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     tr, c, s = result["truth"], result.get("ceiling") or {}, result["seconds"]
+    n_top = next((m["n_top"] for m in result["methods"]), 0)
+    base_rate = f"{n_top} = {100 * n_top / tr['tokens']:.1f}%" if tr["tokens"] else "n/a"
     lines = [
         f"Truth: Monte Carlo token advantages A = V(prefix through t) - V(prefix before t) on **{tr['rollouts']} "
         f"rollouts** ({tr['groups']} informative prompt groups of rollout batch {result['step']}: "
@@ -791,8 +793,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"Signed credit c = -dL/dlog p (the method's own advantage, credit functions, filters and loss at the rollout "
         f"policy; `moved`: after one update of the run's method). Reference pass: {result['reference']}. "
         f"95% CIs resample prompt groups ({result['n_boot']} resamples); Δ = paired difference to "
-        f"**{result['baseline']}**. Top decile: |x| at or above its 90th percentile and > 0; near-zero truth: "
-        f"|A| < {result['null_eps']} ({100 * tr['null_frac']:.1f}% of tokens).",
+        f"**{result['baseline']}** (verdict: its 95% CI excludes 0; uncorrected for the number of methods). Top "
+        f"decile: |x| at or above its 90th percentile and > 0 ({base_rate} of the tokens for the truth: a random "
+        f"pick's precision); near-zero truth: |A| < {result['null_eps']} ({100 * tr['null_frac']:.1f}% of tokens).",
         "",
         "| method | Spearman ρ | Δρ vs uniform | verdict | precision@top10% | recall@top10% | credit share on ~0 |",
         "|---|---|---|---|---|---|---|",
