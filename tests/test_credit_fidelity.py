@@ -14,9 +14,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import make_trainer
 from scipy.stats import spearmanr
 
-from conftest import make_trainer
 from creditlab import paths
 from creditlab.algos.credit.base import CreditInputs
 from creditlab.analysis.credit_fidelity import (
@@ -93,7 +93,7 @@ def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
     tr, ro = world
     rows = list(range(0, 64, 8))
     P, R = [ro.prompts[i] for i in rows], [ro.responses[i] for i in rows]
-    reward = lambda toks, golds: [float(sum(x) % 3 == 0) for x in toks]  # noqa: E731  (a function of every token)
+    reward = lambda toks, golds: [float(sum(x) % 3 == 0) for x in toks]
     K, seed, kw = 4, 5, _setup(tr)
     mc = coupled_outcomes(tr.model, P, R, [None] * len(rows), reward, K=K, seed=seed, **kw)
     prefixes, budgets, us, heads, where = [], [], [], [], []
@@ -124,7 +124,7 @@ def test_standard_error_is_calibrated_against_an_exact_advantage(world):
     tr, ro = world
     kw = _setup(tr)
     P, R = ro.prompts, [r[:6] for r in ro.responses]
-    even = lambda toks, golds: [float(bool(x) and x[0] % 2 == 0) for x in toks]  # noqa: E731
+    even = lambda toks, golds: [float(bool(x) and x[0] % 2 == 0) for x in toks]
     K = 32
     mc = coupled_outcomes(tr.model, P, R, [None] * len(R), even, K=K, seed=3, **(kw | {"max_new_tokens": 6}))
     truth = token_truth(mc["C"])

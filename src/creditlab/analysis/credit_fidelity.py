@@ -79,7 +79,13 @@ from creditlab.algos import registry
 from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
 from creditlab.analysis.value import item_seed, sample_continuations
 from creditlab.lm.batch import pack, response_forward, response_logprobs
-from creditlab.lm.sampler import SamplingParams, choose_tokens, draw_uniforms, filter_logits, nucleus
+from creditlab.lm.sampler import (
+    SamplingParams,
+    choose_tokens,
+    draw_uniforms,
+    filter_logits,
+    nucleus,
+)
 
 BRANCH = 2
 """``item_seed`` branch of the fidelity uniforms (value.py uses 0 and 1)."""
@@ -343,7 +349,7 @@ def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, cluste
         return {"split_half": r, "spearman_brown": sb,
                 "ceiling": math.sqrt(sb) if np.isfinite(sb) and sb > 0 else float("nan")}
 
-    out: dict[str, Any] = {"methods": {}, "n_clusters": int(len(ids)), "n_tokens": int(truth.size)}
+    out: dict[str, Any] = {"methods": {}, "n_clusters": len(ids), "n_tokens": int(truth.size)}
     point = {m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps) for m, c in credits.items()}
     boot = {m: {k: np.full(n_boot, np.nan) for k in METRICS} for m in credits}
     for b, idx in enumerate(draws):
@@ -573,7 +579,7 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     # ---- metrics
     t4 = time.perf_counter()
     lens = [len(r) for r in Rsp]
-    flat = lambda xs: np.concatenate([x.numpy() for x in xs]) if xs else np.zeros(0)  # noqa: E731
+    flat = lambda xs: np.concatenate([x.numpy() for x in xs]) if xs else np.zeros(0)
     a, se = flat(truth["adv"]), flat(truth["se"])
     h1, h2 = flat(truth["half1"]), flat(truth["half2"])
     clusters = np.concatenate([[int(ro.group_ids[i])] * n for i, n in zip(rows, lens)]).astype(np.int64)

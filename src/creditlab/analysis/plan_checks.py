@@ -6,18 +6,19 @@ is a config error (the plan fails, naming it)."""
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
+from functools import cache
 from importlib.util import find_spec
 from typing import Any
 
 
-@lru_cache(maxsize=None)
+@cache
 def analyze_defaults(kind_module: str) -> dict[str, Any]:
     """The literal keyword defaults of ``creditlab.analysis.<kind_module>.analyze``, read from its source (the
     module imports torch): one source of truth for the defaults the plan checks and the job uses."""
     spec = find_spec(f"creditlab.analysis.{kind_module}")
     assert spec is not None and spec.origin is not None
-    tree = ast.parse(open(spec.origin, encoding="utf-8").read(), filename=spec.origin)
+    with open(spec.origin, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), filename=spec.origin)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "analyze":
             a = node.args

@@ -14,7 +14,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from creditlab.tracking.mlflow_tracker import MAX_TAG_VAL_LENGTH, NOTE_TAG, Tracker, mlflow_key
+from creditlab.tracking.mlflow_tracker import (
+    MAX_TAG_VAL_LENGTH,
+    NOTE_TAG,
+    Tracker,
+    mlflow_key,
+)
 
 
 def analysis_run_key(scale: str, paper: str, name: str) -> str:
