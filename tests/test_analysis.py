@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import make_trainer
-from creditlab.analysis.flipping import classify_shift, flip_fractions, mode_transform, update_shifts
+from creditlab.algos.flipping import classify_shift, flip_fractions
+from creditlab.analysis.flipping import mode_transform, update_shifts
 
 
 def test_flip_fractions_match_a_direct_reading():

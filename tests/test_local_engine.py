@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from creditlab.lm.batch import pack, response_forward
-from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda, overlong_penalty
+from creditlab.algos.shaping import overlong_penalty
+from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda
 from creditlab.models.tiny import build_model
 
 ARCH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,

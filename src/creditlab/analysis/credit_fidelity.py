@@ -448,8 +448,8 @@ def check_entries(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------------- the batch
 def _reward_fn(trainer) -> Callable[[list[list[int]], list[Any]], list[float]]:
     """The reward the run trains on, of full responses: the verifier's score of the decoded text (as the trainer
-    decodes it), plus DAPO's overlong penalty when enabled (``engines.local.trainer.overlong_penalty``)."""
-    from creditlab.engines.local.trainer import overlong_penalty
+    decodes it), plus DAPO's overlong penalty when enabled (``algos.shaping.overlong_penalty``)."""
+    from creditlab.algos.shaping import overlong_penalty
 
     t = trainer.tcfg
     ol = t["overlong"]

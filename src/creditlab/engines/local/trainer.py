@@ -51,6 +51,7 @@ from creditlab.algos.compat import check_method
 from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_draw, rb_sign_values,
                                       sign_counts)
 from creditlab.algos.cancellation import cancellation_residual
+from creditlab.algos.shaping import overlong_penalty
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
 from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, TokenCredit, compose_credit, credit_inputs_of,
                                          method_entries)
@@ -97,11 +98,6 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
         progress = (step - warmup) / max(1, total - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     raise ValueError(f"unknown lr_schedule {schedule!r}; valid choices: ['constant', 'cosine']")
-
-
-def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
-    """DAPO soft overlong punishment: min(-(L - (Lmax - buf)) / buf * factor, 0)."""
-    return min(-(length - (max_len - buffer)) / buffer * factor, 0.0)
 
 
 

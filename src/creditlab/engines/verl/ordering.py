@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from creditlab.algos.batching import partition_bins, sequential_minibatches
-from creditlab.analysis.flipping import flip_fractions
+from creditlab.algos.flipping import flip_fractions
 
 
 def uid_of(key: str) -> str:
