@@ -59,7 +59,12 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not e2e"
 
+# ruff (lint + format), snakefmt, the layers of DESIGN.md (import-linter contracts in pyproject.toml), snakemake --lint
 lint: install
+	$(BIN)/ruff check src tests benchmarks tools
+	$(BIN)/ruff format --check src tests benchmarks tools
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/lint-imports
 	$(BIN)/snakemake --lint
 
 dag: install

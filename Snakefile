@@ -42,6 +42,6 @@ include: "workflow/rules/analysis.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_tables(),
-    default_target: True

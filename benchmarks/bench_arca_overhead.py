@@ -50,12 +50,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
-
-from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 # arm -> (configs/method/ file, extra overrides): GRPO + LoRA, weights w = 1/T vs ARCA's residual weights
 ARMS = {
@@ -64,8 +63,16 @@ ARMS = {
     "uniform_no_ref": ("arca_uniform", ["trainer.lora.reference_pass=when_needed"]),  # no reference forward
 }
 ORDERS = list(itertools.permutations(ARMS))  # cycled step by step: every pair of arms balanced every 6 steps
-PER_ARM = ("t_old_forward", "t_ref_forward", "t_credit", "t_diagnostics", "t_update", "weight_gini",
-           "eff_token_ratio", "ref_kl")
+PER_ARM = (
+    "t_old_forward",
+    "t_ref_forward",
+    "t_credit",
+    "t_diagnostics",
+    "t_update",
+    "weight_gini",
+    "eff_token_ratio",
+    "ref_kl",
+)
 GOAL_PCT = 2.0
 
 
@@ -74,16 +81,23 @@ def _ratio_pct(num: np.ndarray, den: np.ndarray, n_boot: int = 2000) -> tuple[fl
     rng = np.random.default_rng(0)
     idx = rng.integers(0, len(num), (n_boot, len(num)))
     boot = 100 * (num[idx].mean(1) / den[idx].mean(1) - 1)
-    return float(100 * (num.mean() / den.mean() - 1)), [float(np.percentile(boot, 2.5)),
-                                                         float(np.percentile(boot, 97.5))]
+    return float(100 * (num.mean() / den.mean() - 1)), [
+        float(np.percentile(boot, 2.5)),
+        float(np.percentile(boot, 97.5)),
+    ]
 
 
 def _comparison(col: dict[str, np.ndarray], arm: str, base: str, what: str) -> dict:
     step_pct, step_ci = _ratio_pct(col["t_collect"] + col[f"t_learn_{arm}"], col["t_collect"] + col[f"t_learn_{base}"])
     learn_pct, learn_ci = _ratio_pct(col[f"t_learn_{arm}"], col[f"t_learn_{base}"])
-    return {"comparison": what, "overhead_step_pct": step_pct, "overhead_step_pct_ci95": step_ci,
-            "overhead_learn_pct": learn_pct, "overhead_learn_pct_ci95": learn_ci,
-            "within_goal": {"point": step_pct <= GOAL_PCT, "ci95_upper": step_ci[1] <= GOAL_PCT}}
+    return {
+        "comparison": what,
+        "overhead_step_pct": step_pct,
+        "overhead_step_pct_ci95": step_ci,
+        "overhead_learn_pct": learn_pct,
+        "overhead_learn_pct_ci95": learn_ci,
+        "within_goal": {"point": step_pct <= GOAL_PCT, "ci95_upper": step_ci[1] <= GOAL_PCT},
+    }
 
 
 def _mean(x: np.ndarray) -> float | None:
@@ -112,17 +126,23 @@ def main() -> None:
         n_base = sum(p.numel() for p in model.parameters())
         rows = []
         with RewardScorer(cfgs["arca"]["trainer"]["reward"]) as scorer:
-            arms = {m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
-                    for m, cfg in cfgs.items()}
+            arms = {
+                m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
+                for m, cfg in cfgs.items()
+            }
             n_adapter = sum(p.numel() for p in arms["arca"].params)
             forwards = {m: count_forwards(tr.model) for m, tr in arms.items()}
             for step in range(a.steps):
                 t0 = time.perf_counter()
                 ro, _ = arms["uniform"].collect(step)  # the shared part: generation + reward
                 order = ORDERS[step % len(ORDERS)]
-                row = {"step": step, "order": list(order), "t_collect": time.perf_counter() - t0,
-                       "rollouts": len(ro.responses),
-                       "response_len_mean": float(np.mean([len(r) for r in ro.responses]))}
+                row = {
+                    "step": step,
+                    "order": list(order),
+                    "t_collect": time.perf_counter() - t0,
+                    "rollouts": len(ro.responses),
+                    "response_len_mean": float(np.mean([len(r) for r in ro.responses])),
+                }
                 for m in order:
                     n0 = len(forwards[m])
                     t1 = time.perf_counter()
@@ -145,11 +165,16 @@ def main() -> None:
         "load_avg_1min": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2)},
         "wall_s": round(wall, 1),
         "model": f"{a.backbone} ({source}), {n_base} params; LoRA rank {lcfg['rank']} alpha {lcfg['alpha']} on "
-                 f"{','.join(lcfg['target_modules'])}: {n_adapter} trainable",
+        f"{','.join(lcfg['target_modules'])}: {n_adapter} trainable",
         "merge_for_sampling": lcfg["merge_for_sampling"],
-        "arms": {m: {"method": method, "reference_pass": ref_pass[m],
-                     "runs_reference_forward": bool(np.nanmean(col[f"t_ref_forward_{m}"]) > 0)}
-                 for m, (method, _) in ARMS.items()},
+        "arms": {
+            m: {
+                "method": method,
+                "reference_pass": ref_pass[m],
+                "runs_reference_forward": bool(np.nanmean(col[f"t_ref_forward_{m}"]) > 0),
+            }
+            for m, (method, _) in ARMS.items()
+        },
         "rollouts_per_step": int(col["rollouts"].mean()),
         "response_len_mean": float(col["response_len_mean"].mean()),
         "steps_measured": len(steady),
@@ -157,19 +182,35 @@ def main() -> None:
             "collect (shared)": float(col["t_collect"].mean()),
             **{f"step {m}": float(step_of[m].mean()) for m in ARMS},
             **{f"learn {m}": float(col[f"t_learn_{m}"].mean()) for m in ARMS},
-            **{f"{part} {m}": float(col[f"t_{key}_{m}"].mean()) for part, key in
-               (("old forward", "old_forward"), ("reference forward", "ref_forward"), ("credit", "credit"),
-                ("diagnostics", "diagnostics"), ("update", "update")) for m in ARMS},
+            **{
+                f"{part} {m}": float(col[f"t_{key}_{m}"].mean())
+                for part, key in (
+                    ("old forward", "old_forward"),
+                    ("reference forward", "ref_forward"),
+                    ("credit", "credit"),
+                    ("diagnostics", "diagnostics"),
+                    ("update", "update"),
+                )
+                for m in ARMS
+            },
             "arca weights minus uniform weights": float(weights_extra.mean()),
         },
         "forward_passes_per_step": {m: int(round(col[f"forwards_{m}"].mean())) for m in ARMS},
         "goal": f"<= {GOAL_PCT:g}% step overhead, arca vs uniform (reference pass reused)",
-        "primary": _comparison(col, "arca", "uniform",
-                               "arca vs uniform, both running the reference forward (reference_pass=always, the "
-                               "default): the issue's comparison"),
-        "secondary": _comparison(col, "arca", "uniform_no_ref",
-                                 "arca vs uniform_no_ref (reference_pass=when_needed: no reference forward): what "
-                                 "ARCA costs a pipeline that would not otherwise run the reference pass"),
+        "primary": _comparison(
+            col,
+            "arca",
+            "uniform",
+            "arca vs uniform, both running the reference forward (reference_pass=always, the "
+            "default): the issue's comparison",
+        ),
+        "secondary": _comparison(
+            col,
+            "arca",
+            "uniform_no_ref",
+            "arca vs uniform_no_ref (reference_pass=when_needed: no reference forward): what "
+            "ARCA costs a pipeline that would not otherwise run the reference pass",
+        ),
         "ref_forward_pct_of_step": float(100 * col["t_ref_forward_arca"].mean() / step_of["uniform_no_ref"].mean()),
         "arca_weights_pct_of_step": float(100 * weights_extra.mean() / step_of["uniform"].mean()),
         "weight_gini_mean": {m: float(col[f"weight_gini_{m}"].mean()) for m in ARMS},
@@ -178,9 +219,9 @@ def main() -> None:
         "notes": {
             "ref_forward_pct_of_step": "arca's reference forward / the uniform_no_ref step (collect + learn)",
             "arca_weights_pct_of_step": "arca's credit time minus uniform's (residual norms + normalisation) / "
-                                        "the uniform step",
+            "the uniform step",
             "forward_passes_per_step": "transformer-body forwards in learn(): old + reference (if run) + one per "
-                                       "PPO mini-batch",
+            "PPO mini-batch",
             "ci95": "paired bootstrap over steps (2000 resamples) of the ratio of mean times",
         },
         "rows": rows,

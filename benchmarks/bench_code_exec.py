@@ -19,16 +19,24 @@ import random
 import time
 from pathlib import Path
 
+from _common import write_result  # noqa: E402  (benchmarks/ is the script's directory)
+
 from creditlab.rewards.code.runner import run_tests, verify_many
 from creditlab.rewards.code.sandbox import sandbox_report
 
-from _common import write_result  # noqa: E402  (benchmarks/ is the script's directory)
-
-STDIN_TESTS = [{"input": f"{a} {b}\n", "output": f"{a + b}\n", "testtype": "stdin"}
-               for a, b in [(1, 2), (10, -4), (123456789, 987654321), (0, 0), (-5, -7)]]
-FUNC_TESTS = [{"input": f"{xs}\n{k}", "output": str(sorted(xs)[-k:][::-1]), "testtype": "functional",
-               "metadata": {"func_name": "topK"}}
-              for xs, k in [([3, 1, 2], 1), ([5, 9, 1, 7], 2), ([4, 4, 4], 3), (list(range(50)), 5), ([-1, -2], 2)]]
+STDIN_TESTS = [
+    {"input": f"{a} {b}\n", "output": f"{a + b}\n", "testtype": "stdin"}
+    for a, b in [(1, 2), (10, -4), (123456789, 987654321), (0, 0), (-5, -7)]
+]
+FUNC_TESTS = [
+    {
+        "input": f"{xs}\n{k}",
+        "output": str(sorted(xs)[-k:][::-1]),
+        "testtype": "functional",
+        "metadata": {"func_name": "topK"},
+    }
+    for xs, k in [([3, 1, 2], 1), ([5, 9, 1, 7], 2), ([4, 4, 4], 3), (list(range(50)), 5), ([-1, -2], 2)]
+]
 
 STDIN = {
     "pass": "a, b = map(int, input().split())\nprint(a + b)\n",
@@ -39,10 +47,10 @@ STDIN = {
 }
 FUNC = {
     "pass": "class Solution:\n    def topK(self, xs: List[int], k: int) -> List[int]:\n"
-            "        return heapq.nlargest(k, xs)\n",
+    "        return heapq.nlargest(k, xs)\n",
     "fail": "class Solution:\n    def topK(self, xs, k):\n        return sorted(xs)[-k:]\n",  # wrong order when k > 1
     "runtime_error": "class Solution:\n    def topK(self, xs, k):\n"
-                     "        return heapq.nlargest(k, xs) if k < 3 else xs[99]\n",  # IndexError on test 3
+    "        return heapq.nlargest(k, xs) if k < 3 else xs[99]\n",  # IndexError on test 3
     "compile_error": "class Solution:\n    def topK(self, xs, k)\n        return xs\n",
     "timeout": "class Solution:\n    def topK(self, xs, k):\n        while True:\n            pass\n",
 }
@@ -75,7 +83,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {"one_by_one": [], f"verify_many_{a.workers}": []}
     verdicts: dict[str, list[str]] = {}
     for rep in range(a.repeats):
-        for arm in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+        for arm in list(runs) if rep % 2 == 0 else list(runs)[::-1]:
             t0 = time.perf_counter()
             if arm == "one_by_one":
                 out = [run_tests(code, tests, **kw) for code, tests, _ in items]
@@ -90,8 +98,11 @@ def main() -> None:
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
-        "sandbox": {"tier": report["tier"], "interpreter": report["interpreter"],
-                    "active_layers": [k for k, v in report["layers"].items() if v["active"]]},
+        "sandbox": {
+            "tier": report["tier"],
+            "interpreter": report["interpreter"],
+            "active_layers": [k for k, v in report["layers"].items() if v["active"]],
+        },
         "n_solutions": a.n,
         "tests_per_solution": 5,
         "time_limit_s": a.time_limit,

@@ -27,15 +27,27 @@ import random
 import time
 from pathlib import Path
 
-from creditlab.rewards.code.runner import run_tests, verify_many
-from creditlab.rewards.code.sandbox import sandbox_report
-
 from _common import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 from bench_code_exec import FUNC_TESTS, STDIN_TESTS, make_items  # noqa: E402
 
+from creditlab.rewards.code.runner import run_tests, verify_many
+from creditlab.rewards.code.sandbox import sandbox_report
+
 # The stdin problem's expected outputs, which a forging solution writes as results of every test.
-_FORGED = [json.dumps({"op": "result", "status": "ok", "output": t["output"], "truncated": False, "wall_s": 0.0,
-                       "cpu_s": 0.0, "detail": ""}) for t in STDIN_TESTS]
+_FORGED = [
+    json.dumps(
+        {
+            "op": "result",
+            "status": "ok",
+            "output": t["output"],
+            "truncated": False,
+            "wall_s": 0.0,
+            "cpu_s": 0.0,
+            "detail": "",
+        }
+    )
+    for t in STDIN_TESTS
+]
 
 _FORGE = """
 import ctypes, fcntl, os, stat
@@ -84,11 +96,16 @@ HOSTILE = {
     "fork_bomb": ("stdin", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
     "memory_hog": ("stdin", "x = []\nwhile True:\n    x.append(' ' * 10**6)\n"),
     "output_flood": ("stdin", "import sys\nwhile True:\n    sys.stdout.write('9' * 65536)\n"),
-    "detached_daemon": ("stdin", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\n"
-                                 "print('WRONG')\n"),
-    "shm_flood": ("stdin", "for i in range(12):\n    try:\n"
-                           "        open('/dev/shm/f%d' % i, 'wb').write(b'x' * (16 << 20))\n"
-                           "    except OSError:\n        break\nprint('WRONG')\n"),
+    "detached_daemon": (
+        "stdin",
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\nprint('WRONG')\n",
+    ),
+    "shm_flood": (
+        "stdin",
+        "for i in range(12):\n    try:\n"
+        "        open('/dev/shm/f%d' % i, 'wb').write(b'x' * (16 << 20))\n"
+        "    except OSError:\n        break\nprint('WRONG')\n",
+    ),
     "forged_pass": ("stdin", _FORGE),
     "special_decimal": ("stdin", "print('sNaN')\n"),
     "huge_number": ("functional", _HUGE_NUMBER),
@@ -148,20 +165,31 @@ def main() -> None:
         else:
             ordinary_ok += status == intent
     n_hostile = sum(i[2].startswith("hostile:") for i in items)
-    write_result({
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end",
-        "sandbox": {"tier": report["tier"], "interpreter": report["interpreter"],
-                    "active_layers": [k for k, v in report["layers"].items() if v["active"]]},
-        "n_solutions": a.n, "n_hostile": n_hostile, "hostile_kinds": kinds, "tests_per_solution": 5,
-        "time_limit_s": a.time_limit, "workers": a.workers,
-        "solutions_per_s_best": a.n / min(seconds) if seconds else None,
-        "seconds_all_runs": seconds,
-        "runs_that_raised": errors,
-        "ordinary_verdicts_as_intended": f"{ordinary_ok}/{a.n - n_hostile}" if statuses else None,
-        "hostile_passes": hostile_passes if statuses else None,
-        "hostile_verdicts": by_kind,
-    }, a.out)
+    write_result(
+        {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f} at the end",
+            "sandbox": {
+                "tier": report["tier"],
+                "interpreter": report["interpreter"],
+                "active_layers": [k for k, v in report["layers"].items() if v["active"]],
+            },
+            "n_solutions": a.n,
+            "n_hostile": n_hostile,
+            "hostile_kinds": kinds,
+            "tests_per_solution": 5,
+            "time_limit_s": a.time_limit,
+            "workers": a.workers,
+            "solutions_per_s_best": a.n / min(seconds) if seconds else None,
+            "seconds_all_runs": seconds,
+            "runs_that_raised": errors,
+            "ordinary_verdicts_as_intended": f"{ordinary_ok}/{a.n - n_hostile}" if statuses else None,
+            "hostile_passes": hostile_passes if statuses else None,
+            "hostile_verdicts": by_kind,
+        },
+        a.out,
+    )
 
 
 if __name__ == "__main__":

@@ -23,14 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
 
-from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
-
-OVERRIDES = ["trainer.dynamic_sampling=false", "trainer.mini_batches=4"]  # Paper B's setting (configs/papers/delta.yaml)
+OVERRIDES = [
+    "trainer.dynamic_sampling=false",
+    "trainer.mini_batches=4",
+]  # Paper B's setting (configs/papers/delta.yaml)
 
 
 def _ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
@@ -53,8 +55,10 @@ def main() -> None:
         tok, model, source, records = tiny_world(a.results, a.backbone, cfgs["dapo"], tmp)
         rows = []
         with RewardScorer(cfgs["dapo"]["trainer"]["reward"]) as scorer:
-            arms = {m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
-                    for m, cfg in cfgs.items()}
+            arms = {
+                m: Trainer(cfg, copy.deepcopy(model), tok, records, scorer, Path(tmp) / m, progress=False)
+                for m, cfg in cfgs.items()
+            }
             forwards = {m: count_forwards(tr.model) for m, tr in arms.items()}
             for step in range(a.steps):
                 t0 = time.perf_counter()
@@ -80,9 +84,16 @@ def main() -> None:
         "trainer_overrides": OVERRIDES,
         "rollouts_per_step": int(col["rollouts"].mean()),
         "steps_measured": len(steady),
-        "seconds": {"collect (shared)": float(col["t_collect"].mean()), "learn dapo": float(col["t_learn_dapo"].mean()),
-                    "learn delta": float(col["t_learn_delta"].mean()), "delta coefficients": float(col["t_credit_delta"].mean())},
-        "forward_passes_per_step": {"dapo": int(col["forwards_dapo"].mean()), "delta": int(col["forwards_delta"].mean())},
+        "seconds": {
+            "collect (shared)": float(col["t_collect"].mean()),
+            "learn dapo": float(col["t_learn_dapo"].mean()),
+            "learn delta": float(col["t_learn_delta"].mean()),
+            "delta coefficients": float(col["t_credit_delta"].mean()),
+        },
+        "forward_passes_per_step": {
+            "dapo": int(col["forwards_dapo"].mean()),
+            "delta": int(col["forwards_delta"].mean()),
+        },
         "overhead_step_pct": float(100 * (step_delta.mean() / step_dapo.mean() - 1)),
         "overhead_step_pct_ci95": [100 * x for x in _ci((step_delta - step_dapo) / step_dapo.mean())],
         "overhead_learn_pct": float(100 * (col["t_learn_delta"].mean() / col["t_learn_dapo"].mean() - 1)),

@@ -99,8 +99,10 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         for k in ("plain", "selective", "always"):
             m = r[k]
-            print(f"{r['scenario']:9s} {k:10s} {m['tok_per_s']:8.0f} {m.get('cost_vs_plain', 1.0):6.2f} "
-                  f"{m.get('resample_rate', 0.0):9.3f} {m['tokens']:7d}")
+            print(
+                f"{r['scenario']:9s} {k:10s} {m['tok_per_s']:8.0f} {m.get('cost_vs_plain', 1.0):6.2f} "
+                f"{m.get('resample_rate', 0.0):9.3f} {m['tokens']:7d}"
+            )
 
 
 def main() -> None:
@@ -108,8 +110,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256, help="number of prompts (decoded as one batch)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="response length, EOS disabled")
     ap.add_argument("--max-new-tokens-eos", type=int, default=64, help="max response length, real EOS")
-    ap.add_argument("--tau", type=float, default=-0.45,
-                    help="dlogp threshold of the selective method (~10%% resampled with these models)")
+    ap.add_argument(
+        "--tau",
+        type=float,
+        default=-0.45,
+        help="dlogp threshold of the selective method (~10%% resampled with these models)",
+    )
     ap.add_argument("--gamma", type=float, default=0.1)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5)
@@ -128,8 +134,10 @@ def main() -> None:
     ]
     print_table(results)
     for r in results:
-        print(f"{r['scenario']}: selective costs {r['selective']['cost_vs_plain']:.2f}x plain decoding "
-              f"(always-resample {r['always']['cost_vs_plain']:.2f}x)")
+        print(
+            f"{r['scenario']}: selective costs {r['selective']['cost_vs_plain']:.2f}x plain decoding "
+            f"(always-resample {r['always']['cost_vs_plain']:.2f}x)"
+        )
     record = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

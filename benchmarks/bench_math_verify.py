@@ -53,11 +53,12 @@ def judge_at_ref(ref: str) -> Judge:
     """``judge_math_verify`` of ``MODULE`` as committed at git ``ref``."""
     from creditlab.algos import registry
 
-    source = subprocess.run(["git", "show", f"{ref}:{MODULE}"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{ref}:{MODULE}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     module = types.ModuleType(f"math_verify_reward_at_{ref.replace('/', '_')}")
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    with mock.patch.object(registry, "register", lambda kind, name: (lambda fn: fn)):
+    with mock.patch.object(registry, "register", lambda kind, name: lambda fn: fn):
         exec(compile(source, f"{ref}:{MODULE}", "exec"), module.__dict__)  # noqa: S102 - our own committed file
     return lambda answer, gold: module.judge_math_verify(answer, gold, internal_timeout=5)
 
@@ -70,25 +71,37 @@ def current_judge() -> Judge:
 
 def rates(pairs: list[dict], scores: list[float]) -> dict:
     """Overall and per-category false-positive / false-negative counts and rates."""
+
     def summary(items: list[tuple[dict, float]]) -> dict:
         neg = [s for p, s in items if p["label"] == 0]
         pos = [s for p, s in items if p["label"] == 1]
         fp, fn = sum(s == 1.0 for s in neg), sum(s != 1.0 for s in pos)
-        return {"n": len(items), "n_wrong": len(neg), "n_right": len(pos), "false_positives": fp,
-                "false_negatives": fn, "fp_rate": fp / len(neg) if neg else 0.0,
-                "fn_rate": fn / len(pos) if pos else 0.0}
+        return {
+            "n": len(items),
+            "n_wrong": len(neg),
+            "n_right": len(pos),
+            "false_positives": fp,
+            "false_negatives": fn,
+            "fp_rate": fp / len(neg) if neg else 0.0,
+            "fn_rate": fn / len(pos) if pos else 0.0,
+        }
 
     by_cat: dict[str, list[tuple[dict, float]]] = defaultdict(list)
     for p, s in zip(pairs, scores):
         by_cat[p["category"]].append((p, s))
-    return {"overall": summary(list(zip(pairs, scores))),
-            "by_category": {c: summary(items) for c, items in sorted(by_cat.items())}}
+    return {
+        "overall": summary(list(zip(pairs, scores))),
+        "by_category": {c: summary(items) for c, items in sorted(by_cat.items())},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before-ref", default=None,
-                    help="git ref whose judge_math_verify is 'before' (default: math-verify's defaults)")
+    ap.add_argument(
+        "--before-ref",
+        default=None,
+        help="git ref whose judge_math_verify is 'before' (default: math-verify's defaults)",
+    )
     ap.add_argument("--fixture", type=Path, default=FIXTURE)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "math_verify.json")
     ap.add_argument("--show-errors", action="store_true", help="list every misjudged pair")
@@ -112,22 +125,30 @@ def main(argv: list[str] | None = None) -> int:
         report[name]["errors"] = errors[name]
 
     print(f"{len(pairs)} labelled pairs ({args.fixture.name}); before = {before_name}, after = working tree")
-    print(f"{'':18} {'n':>4} {'wrong':>5} {'right':>5} | {'FP before':>10} {'FP after':>9} | "
-          f"{'FN before':>10} {'FN after':>9}")
+    print(
+        f"{'':18} {'n':>4} {'wrong':>5} {'right':>5} | {'FP before':>10} {'FP after':>9} | "
+        f"{'FN before':>10} {'FN after':>9}"
+    )
     rows = [("overall", report["before"]["overall"], report["after"]["overall"])]
     rows += [(c, report["before"]["by_category"][c], s) for c, s in report["after"]["by_category"].items()]
     for name, b, a in rows:
-        print(f"{name:18} {a['n']:>4} {a['n_wrong']:>5} {a['n_right']:>5} | "
-              f"{b['false_positives']:>3} {b['fp_rate']:6.1%} {a['false_positives']:>3} {a['fp_rate']:5.1%} | "
-              f"{b['false_negatives']:>3} {b['fn_rate']:6.1%} {a['false_negatives']:>3} {a['fn_rate']:5.1%}")
-    print(f"mean judge time per pair: before {report['before']['ms_per_pair']:.1f} ms, "
-          f"after {report['after']['ms_per_pair']:.1f} ms (one process, this machine's load)")
+        print(
+            f"{name:18} {a['n']:>4} {a['n_wrong']:>5} {a['n_right']:>5} | "
+            f"{b['false_positives']:>3} {b['fp_rate']:6.1%} {a['false_positives']:>3} {a['fp_rate']:5.1%} | "
+            f"{b['false_negatives']:>3} {b['fn_rate']:6.1%} {a['false_negatives']:>3} {a['fn_rate']:5.1%}"
+        )
+    print(
+        f"mean judge time per pair: before {report['before']['ms_per_pair']:.1f} ms, "
+        f"after {report['after']['ms_per_pair']:.1f} ms (one process, this machine's load)"
+    )
     if args.show_errors:
         for name in judges:
             print(f"\nmisjudged {name}:")
             for e in errors[name]:
-                print(f"  [{e['category']}] gold {e['gold']!r} answer {e['answer']!r} label {e['label']} "
-                      f"score {e['score']:g}")
+                print(
+                    f"  [{e['category']}] gold {e['gold']!r} answer {e['answer']!r} label {e['label']} "
+                    f"score {e['score']:g}"
+                )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nwrote {args.out}")

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
 from creditlab.rewards.scorer import RewardScorer
-
-from _common import tiny_world  # noqa: E402  (benchmarks/ is the script's directory)
 
 PARTS = ("t_gen", "t_reward", "t_old_forward", "t_update")
 
@@ -40,19 +39,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tok, model, source, records = tiny_world(a.results, "tiny-s", cfg, tmp)
         with RewardScorer(cfg["trainer"]["reward"]) as scorer:
-            tr = Trainer(cfg, model, tok, records, scorer, Path(tmp) / "ckpt",
-                         progress=True)
+            tr = Trainer(cfg, model, tok, records, scorer, Path(tmp) / "ckpt", progress=True)
             t0 = time.perf_counter()
             hist = [tr.train_step(s) for s in range(a.steps)]
             wall = time.perf_counter() - t0
     steady = hist[1:] if len(hist) > 1 else hist  # first step pays warm-up costs
     parts = {k: float(np.mean([h[k] for h in steady])) for k in PARTS + ("t_step",)}
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread",
         "model": f"tiny-s ({source}), {sum(p.numel() for p in model.parameters())} params",
         "rollouts_per_step": cfg["trainer"]["prompts_per_step"] * cfg["trainer"]["group_size"],
         "response_len_mean": float(np.mean([h["response_len_mean"] for h in steady])),
-        "steps": a.steps, "wall_s": wall, "seconds_per_step_part": parts,
+        "steps": a.steps,
+        "wall_s": wall,
+        "seconds_per_step_part": parts,
         "fraction_of_step": {k: parts[k] / parts["t_step"] for k in PARTS},
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

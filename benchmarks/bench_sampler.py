@@ -35,8 +35,14 @@ from transformers import GenerationConfig  # noqa: E402
 from creditlab.lm import sampler  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
-ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=384)
+ARCH = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+)
 VOCAB, PAD, BOS, EOS = 40, 0, 1, 2
 NO_EOS = -1
 
@@ -56,8 +62,17 @@ def response_tokens(rows: list[list[int]], eos: int) -> int:
 def run_ours(model, prompts, *, greedy: bool, eos: int, max_new: int, batch_size: int | None = None):
     """Our sampler -> (seconds, response rows)."""
     start = time.perf_counter()
-    gen = sampler.generate(model, prompts, max_new_tokens=max_new, eos_id=eos, pad_id=PAD, greedy=greedy,
-                           temperature=1.0, seed=0, batch_size=batch_size)
+    gen = sampler.generate(
+        model,
+        prompts,
+        max_new_tokens=max_new,
+        eos_id=eos,
+        pad_id=PAD,
+        greedy=greedy,
+        temperature=1.0,
+        seed=0,
+        batch_size=batch_size,
+    )
     return time.perf_counter() - start, gen.response_ids
 
 
@@ -66,12 +81,13 @@ def run_hf(model, prompts, *, greedy: bool, eos: int, max_new: int):
     ids, mask = sampler.left_pad(prompts, PAD)
     model.generation_config.eos_token_id = None if eos == NO_EOS else eos
     sampling = {} if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)  # top_k=0: off
-    cfg = GenerationConfig(max_new_tokens=max_new, eos_token_id=None if eos == NO_EOS else eos, pad_token_id=PAD,
-                           **sampling)
+    cfg = GenerationConfig(
+        max_new_tokens=max_new, eos_token_id=None if eos == NO_EOS else eos, pad_token_id=PAD, **sampling
+    )
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-    return time.perf_counter() - start, out[:, ids.shape[1]:].tolist()
+    return time.perf_counter() - start, out[:, ids.shape[1] :].tolist()
 
 
 def interleaved(fns: dict[str, Callable[[], tuple[float, list]]], repeats: int) -> dict[str, dict]:
@@ -90,8 +106,9 @@ def interleaved(fns: dict[str, Callable[[], tuple[float, list]]], repeats: int) 
 def scenario(model, prompts, name: str, *, greedy: bool, eos: int, max_new: int, repeats: int) -> dict:
     """One ours-vs-HF comparison -> result record (tokens/s from the best time of each)."""
     kw = dict(greedy=greedy, eos=eos, max_new=max_new)
-    res = interleaved({"ours": lambda: run_ours(model, prompts, **kw), "hf": lambda: run_hf(model, prompts, **kw)},
-                      repeats)
+    res = interleaved(
+        {"ours": lambda: run_ours(model, prompts, **kw), "hf": lambda: run_hf(model, prompts, **kw)}, repeats
+    )
     count_eos = EOS if eos != NO_EOS else NO_EOS
     rec = {"scenario": name, "greedy": greedy, "eos": eos != NO_EOS, "max_new_tokens": max_new}
     for k in ("ours", "hf"):
@@ -133,9 +150,11 @@ def sweep(model, prompts, *, max_new: int, repeats: int) -> dict:
 def print_table(results: list[dict]) -> None:
     print(f"{'scenario':14s} {'ours tok/s':>11s} {'HF tok/s':>10s} {'ours/HF':>8s} {'tokens':>8s}")
     for r in results:
-        print(f"{r['scenario']:14s} {r['ours_tok_per_s']:11.0f} {r['hf_tok_per_s']:10.0f} "
-              f"{r['ratio_ours_over_hf']:8.2f} {r['ours_tokens']:8d}"
-              + ("" if "greedy_outputs_identical" not in r else f"  identical={r['greedy_outputs_identical']}"))
+        print(
+            f"{r['scenario']:14s} {r['ours_tok_per_s']:11.0f} {r['hf_tok_per_s']:10.0f} "
+            f"{r['ratio_ours_over_hf']:8.2f} {r['ours_tokens']:8d}"
+            + ("" if "greedy_outputs_identical" not in r else f"  identical={r['greedy_outputs_identical']}")
+        )
 
 
 def main() -> None:
@@ -153,23 +172,38 @@ def main() -> None:
     model = build_model(ARCH, VOCAB, PAD, BOS, EOS, seed=0).eval()
     prompts = make_prompts(args.batch)
     results = [
-        scenario(model, prompts, "greedy_fixed", greedy=True, eos=NO_EOS, max_new=args.max_new_tokens,
-                 repeats=args.repeats),
-        scenario(model, prompts, "sample_fixed", greedy=False, eos=NO_EOS, max_new=args.max_new_tokens,
-                 repeats=args.repeats),
-        scenario(model, prompts, "greedy_eos", greedy=True, eos=EOS, max_new=args.max_new_tokens_eos,
-                 repeats=args.repeats),
-        scenario(model, prompts, "sample_eos", greedy=False, eos=EOS, max_new=args.max_new_tokens_eos,
-                 repeats=args.repeats),
+        scenario(
+            model, prompts, "greedy_fixed", greedy=True, eos=NO_EOS, max_new=args.max_new_tokens, repeats=args.repeats
+        ),
+        scenario(
+            model, prompts, "sample_fixed", greedy=False, eos=NO_EOS, max_new=args.max_new_tokens, repeats=args.repeats
+        ),
+        scenario(
+            model, prompts, "greedy_eos", greedy=True, eos=EOS, max_new=args.max_new_tokens_eos, repeats=args.repeats
+        ),
+        scenario(
+            model, prompts, "sample_eos", greedy=False, eos=EOS, max_new=args.max_new_tokens_eos, repeats=args.repeats
+        ),
     ]
     print_table(results)
     record = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "torch_threads": args.threads, "torch": torch.__version__,
-                    "transformers": transformers.__version__},
-        "setup": {"arch": ARCH, "vocab": VOCAB, "prompts": args.batch, "prompt_len": "15-25",
-                  "repeats": args.repeats, "timing": "best of repeats, runs interleaved"},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": args.threads,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "setup": {
+            "arch": ARCH,
+            "vocab": VOCAB,
+            "prompts": args.batch,
+            "prompt_len": "15-25",
+            "repeats": args.repeats,
+            "timing": "best of repeats, runs interleaved",
+        },
         "results": results,
     }
     if args.sweep:

@@ -22,17 +22,27 @@ from creditlab.procs import stop_group
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 CHROMIUM = os.environ.get("CREDITLAB_CHROMIUM", "/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def require_chromium() -> str:
     """The Chromium binary; a clear failure (not a skip) when it is missing: `make install` installs it."""
     path = shutil.which(CHROMIUM) or (CHROMIUM if Path(CHROMIUM).is_file() else None)
     if path is None:
-        raise AssertionError(f"Chromium not found at {CHROMIUM}: run `make install` (tools/sysdeps.sh installs "
-                             "Debian's chromium) or set CREDITLAB_CHROMIUM")
+        raise AssertionError(
+            f"Chromium not found at {CHROMIUM}: run `make install` (tools/sysdeps.sh installs "
+            "Debian's chromium) or set CREDITLAB_CHROMIUM"
+        )
     return path
 
 
@@ -67,12 +77,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(argv: Sequence[str], url: str, health: str, log: Path, timeout_s: float = 90.0,
-          env: dict[str, str] | None = None) -> Iterator[str]:
+def serve(
+    argv: Sequence[str], url: str, health: str, log: Path, timeout_s: float = 90.0, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """Run a server (own process group), wait until `health` answers 200, yield `url`; then kill the group."""
     with log.open("w") as fh:
-        proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=env)
+        proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + timeout_s
         while True:

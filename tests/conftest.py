@@ -40,7 +40,6 @@ def make_trainer(method, tmp_path, overrides=()):
 # the micro end-to-end DAG, shared by tests/test_pipeline_e2e.py and tests/test_browser.py
 from e2e import cancellation_results, delta_results, dfpo_main_results, micro_results, report_html  # noqa: E402,F401
 
-
 # ---------------------------------------------------------------------------------------------------
 # parallel runs (`make test`: pytest -n 2 --dist loadgroup --no-loadscope-reorder). Each group of tests below is run
 # whole by one worker: the two modules on the micro DAG's session fixtures together (the DAG is built once, by that
@@ -50,8 +49,14 @@ from e2e import cancellation_results, delta_results, dfpo_main_results, micro_re
 # (pytest_xdist_make_scheduler): xdist 3.8's own `xdist_group` marks do not group under pytest 9 (seen here: a
 # marked module's tests ran on both workers), and the groups are files anyway.
 MICRO_DAG_MODULES = {"tests/test_browser.py", "tests/test_pipeline_e2e.py"}
-LONG_GROUPS = ["micro-dag", "tests/test_verl_smoke.py", "tests/test_slurm.py", "tests/test_resume.py", "tests/test_paper_scale.py",
-               "tests/test_paper_eval.py"]
+LONG_GROUPS = [
+    "micro-dag",
+    "tests/test_verl_smoke.py",
+    "tests/test_slurm.py",
+    "tests/test_resume.py",
+    "tests/test_paper_scale.py",
+    "tests/test_paper_eval.py",
+]
 
 
 def group_of(nodeid: str) -> str:

@@ -15,13 +15,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+
+
 def _snakemake(*args: str, results: Path, timeout: int = 2400, papers: str = "dlogp") -> subprocess.CompletedProcess:
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     # own working directory: no lock shared with a user's run in the repository
     # targets and flags before --config, which takes every following word as a key=value pair
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(results.parent), "--cores", "2",
-           *args, "--config", "scale=micro", f"results={results}", f"papers=[{papers}]"]
+    cmd = [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(results.parent),
+        "--cores",
+        "2",
+        *args,
+        "--config",
+        "scale=micro",
+        f"results={results}",
+        f"papers=[{papers}]",
+    ]
     return subprocess.run(cmd, cwd=results.parent, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -37,9 +51,15 @@ def micro_results(tmp_path_factory) -> Path:
 def delta_results(micro_results) -> Path:
     """Paper B's transfer table and both figures on top of Paper A's results (its diagnostics rows are
     one trainer step each in tests/test_credit_delta.py; the whole DAG is `make run`)."""
-    targets = [str(micro_results / f"micro/{t}") for t in (
-        "tables/delta/transfer.csv", "figures/delta/figure_token_selection.png", "figures/delta/figure_token_clouds.png",
-        "tables/dfpo/compute.csv")]
+    targets = [
+        str(micro_results / f"micro/{t}")
+        for t in (
+            "tables/delta/transfer.csv",
+            "figures/delta/figure_token_selection.png",
+            "figures/delta/figure_token_clouds.png",
+            "tables/dfpo/compute.csv",
+        )
+    ]
     proc = _snakemake(*targets, results=micro_results, papers="dlogp,delta,dfpo")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     # Paper E's compute table reads training metrics only: no evaluation job ran for it (checked here, before
@@ -52,8 +72,9 @@ def delta_results(micro_results) -> Path:
 def dfpo_main_results(delta_results) -> Path:
     """Paper E's main table on top of Paper B's results: its LiveCodeBench v6 column is the tiny code suite, judged
     by executing the generated programs (code_exec), next to the math suites."""
-    proc = _snakemake(str(delta_results / "micro/tables/dfpo/main.csv"), results=delta_results,
-                      papers="dlogp,delta,dfpo")
+    proc = _snakemake(
+        str(delta_results / "micro/tables/dfpo/main.csv"), results=delta_results, papers="dlogp,delta,dfpo"
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return delta_results
 
@@ -64,8 +85,10 @@ def cancellation_results(delta_results) -> Path:
     QB+RB run, and every analysis (the whole Table 2 is `make run`)."""
     micro = delta_results / "micro"
     targets = [str(micro / "tables/cancellation/broken.csv"), str(micro / "runs/micro-s/qb-rb/s0/DONE")]
-    targets += [str(micro / f"analyses/cancellation/{a}.json")
-                for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling")]
+    targets += [
+        str(micro / f"analyses/cancellation/{a}.json")
+        for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling")
+    ]
     baseline = micro / "runs/micro-s/dapo/s0/DONE"
     trained_at = baseline.stat().st_mtime_ns
     proc = _snakemake(*targets, results=delta_results, papers="dlogp,delta,dfpo,cancellation")

@@ -62,8 +62,10 @@ def unavailable_reason() -> str | None:
     missing = sorted({pkg for cmd, pkg in REQUIRED.items() if which(cmd) is None})
     if missing:
         pkgs = " ".join(missing)
-        return (f"SLURM/munge commands missing (Debian packages: {pkgs}). `make install` apt-installs them as root "
-                f"(tools/sysdeps.sh, tools/sysdeps.d/slurm.sh); otherwise: apt-get install {pkgs}")
+        return (
+            f"SLURM/munge commands missing (Debian packages: {pkgs}). `make install` apt-installs them as root "
+            f"(tools/sysdeps.sh, tools/sysdeps.d/slurm.sh); otherwise: apt-get install {pkgs}"
+        )
     if os.geteuid() != 0:
         return "the local SLURM test cluster must be started as root (slurmd runs jobs as their submitting user)"
     return None
@@ -136,8 +138,15 @@ class ClusterError(RuntimeError):
 class LocalSlurmCluster:
     """A one-node cluster: node `node` (127.0.0.1), partition `partition` (default), `gpus` GRES gpus."""
 
-    def __init__(self, root: Path | None = None, *, gpus: int = 2, partition: str = "creditlab-test",
-                 node: str = "localhost", min_job_age: int = 3600):
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        gpus: int = 2,
+        partition: str = "creditlab-test",
+        node: str = "localhost",
+        min_job_age: int = 3600,
+    ):
         self._own_root = root is None
         # short path: unix sockets (munged, slurmstepd) must fit in 108 bytes
         self.root = Path(tempfile.mkdtemp(prefix="creditlab-slurm-", dir="/tmp")) if root is None else Path(root)
@@ -150,8 +159,11 @@ class LocalSlurmCluster:
         self.leftover_pids: list[int] = []
         self._watchdog_proc: subprocess.Popen | None = None
         self._watchdog_fd: int | None = None
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_"))
+        }
         self.env.update(SLURM_CONF=str(self.conf), **{TOKEN_VAR: self.token})
         # srun shim first on PATH: snakemake-executor-plugin-slurm-jobstep (0.6.1) removes every SLURM_* variable
         # but a few from the environment of the `srun` it runs inside each job, SLURM_CONF included, and srun
@@ -200,7 +212,7 @@ class LocalSlurmCluster:
         for d in ("etc", "munge", "munge-key", "state", "spool", "log", "dev", "bin"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         srun = self.bin / "srun"
-        srun.write_text(f"#!/bin/sh\nSLURM_CONF={self.conf} exec {which('srun')} \"$@\"\n")
+        srun.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {which("srun")} "$@"\n')
         srun.chmod(0o755)
         key = self.root / "munge-key/munge.key"
         key.write_bytes(os.urandom(1024))
@@ -210,8 +222,9 @@ class LocalSlurmCluster:
 
         # this machine as the node: slurmd -C prints CPUs, sockets, cores, threads, RealMemory
         probe = subprocess.run([which("slurmd"), "-C"], capture_output=True, text=True, timeout=30, env=self.env)
-        hw = dict(re.findall(r"(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=(\d+)",
-                             probe.stdout))
+        hw = dict(
+            re.findall(r"(CPUs|Boards|SocketsPerBoard|CoresPerSocket|ThreadsPerCore|RealMemory)=(\d+)", probe.stdout)
+        )
         if "CPUs" not in hw or "RealMemory" not in hw:
             raise ClusterError(f"slurmd -C gave no node configuration: {probe.stdout!r} {probe.stderr!r}")
         hw["RealMemory"] = str(int(hw["RealMemory"]) * 95 // 100)  # a margin: memory reported later may be lower
@@ -265,12 +278,20 @@ NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} {node_hw}{gres}
 PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
         (self.conf.parent / "gres.conf").write_text(
-            "".join(f"NodeName={self.node} Name=gpu File={f}\n" for f in gpu_files))
+            "".join(f"NodeName={self.node} Name=gpu File={f}\n" for f in gpu_files)
+        )
 
     def _spawn(self, name: str, args: list[str]) -> None:
         out = open(self.logs / f"{name}.out", "wb")
-        self.procs[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=self.env, cwd=self.root, preexec_fn=_die_with_parent)
+        self.procs[name] = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.root,
+            preexec_fn=_die_with_parent,
+        )
         out.close()
         (self.root / f"{name}.child.pid").write_text(str(self.procs[name].pid))
 
@@ -280,9 +301,12 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    raise ClusterError(f"{name} exited ({proc.returncode}) while waiting for {what}\n{self.log_tail()}"
-                                       + "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
-                                                 for f in self.logs.glob("*.out")))
+                    raise ClusterError(
+                        f"{name} exited ({proc.returncode}) while waiting for {what}\n{self.log_tail()}"
+                        + "".join(
+                            f"\n--- {f.name}\n{f.read_text(errors='replace')[-3000:]}" for f in self.logs.glob("*.out")
+                        )
+                    )
             try:
                 last = ok()
                 if last is True:
@@ -299,16 +323,30 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         try:
             self._start_watchdog()
             self._write_config()
-            self._spawn("munged", [which("munged"), "--foreground", "--force", f"--socket={self.munge_socket}",
-                                   f"--key-file={self.root}/munge-key/munge.key", f"--pid-file={self.root}/munged.pid",
-                                   f"--log-file={self.logs}/munged.log", f"--seed-file={self.root}/munge/munged.seed"])
+            self._spawn(
+                "munged",
+                [
+                    which("munged"),
+                    "--foreground",
+                    "--force",
+                    f"--socket={self.munge_socket}",
+                    f"--key-file={self.root}/munge-key/munge.key",
+                    f"--pid-file={self.root}/munged.pid",
+                    f"--log-file={self.logs}/munged.log",
+                    f"--seed-file={self.root}/munge/munged.seed",
+                ],
+            )
             self._wait("munged", self._munge_ok, timeout=20)
             self._spawn("slurmctld", [which("slurmctld"), "-D", "-f", str(self.conf)])
-            self._wait("slurmctld", lambda: "UP" in self.cmd("scontrol", "ping", timeout=10, check=False).stdout,
-                       timeout=timeout / 2)
+            self._wait(
+                "slurmctld",
+                lambda: "UP" in self.cmd("scontrol", "ping", timeout=10, check=False).stdout,
+                timeout=timeout / 2,
+            )
             self._spawn("slurmd", [which("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
-            self._wait(f"node {self.node} idle", lambda: (state := self.node_state()) == "idle" or state,
-                       timeout=timeout / 2)
+            self._wait(
+                f"node {self.node} idle", lambda: (state := self.node_state()) == "idle" or state, timeout=timeout / 2
+            )
         except BaseException:
             self.stop()
             raise
@@ -317,19 +355,28 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
     def _start_watchdog(self) -> None:
         read_fd, self._watchdog_fd = os.pipe()
         env = {k: v for k, v in self.env.items() if k != TOKEN_VAR}  # not one of the processes it kills
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import slurm_cluster; "
-                f"slurm_cluster._watchdog({read_fd}, {self.token!r}, {str(self.root) if self._own_root else ''!r})")
-        self._watchdog_proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(read_fd,), env=env,
-                                               start_new_session=True, stdin=subprocess.DEVNULL,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        code = (
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import slurm_cluster; "
+            f"slurm_cluster._watchdog({read_fd}, {self.token!r}, {str(self.root) if self._own_root else ''!r})"
+        )
+        self._watchdog_proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=(read_fd,),
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(read_fd)
 
     def _munge_ok(self):
         if not self.munge_socket.exists():
             return "no socket yet"
         enc = subprocess.run([which("munge"), "-n", "-S", str(self.munge_socket)], capture_output=True, timeout=10)
-        dec = subprocess.run([which("unmunge"), "-S", str(self.munge_socket)], input=enc.stdout, capture_output=True,
-                             timeout=10)
+        dec = subprocess.run(
+            [which("unmunge"), "-S", str(self.munge_socket)], input=enc.stdout, capture_output=True, timeout=10
+        )
         return dec.returncode == 0 or dec.stderr.decode(errors="replace")
 
     # ------------------------------------------------------------------ stop
@@ -341,8 +388,12 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
                 if ids:
                     self.cmd("scancel", *ids, timeout=15, check=False)
                     deadline = time.monotonic() + 20
-                    while time.monotonic() < deadline and self.cmd(
-                            "squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i", timeout=15, check=False).stdout.strip():
+                    while (
+                        time.monotonic() < deadline
+                        and self.cmd(
+                            "squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i", timeout=15, check=False
+                        ).stdout.strip()
+                    ):
                         time.sleep(0.5)
             except ClusterError:
                 pass

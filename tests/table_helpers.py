@@ -33,14 +33,29 @@ def edit(path: list, value):
     return mutate
 
 
-def write_eval(path: Path, suites: dict[str, list[int]], k: int, run_key: str, run_id: str, config: str,
-               greedy_above: int) -> None:
+def write_eval(
+    path: Path, suites: dict[str, list[int]], k: int, run_key: str, run_id: str, config: str, greedy_above: int
+) -> None:
     """A minimal evaluation metrics.json at `path`: per suite the per-question correct-sample counts `c` (of k),
     greedy correct where c > `greedy_above`, question ids `<suite>-<i>`, and the provenance a table cell reads."""
-    blocks = {s: {"n_questions": len(c), "k": k, "metrics": {},
-                  "per_question": {"ids": [f"{s}-{i}" for i in range(len(c))], "greedy": [x > greedy_above for x in c],
-                                   "n": k, "c": list(c)}} for s, c in suites.items()}
-    data = {"suites": blocks, "k": k, "provenance": {"run_key": run_key, "mlflow_run_id": run_id, "commit": "abc",
-                                                     "config": config}}
+    blocks = {
+        s: {
+            "n_questions": len(c),
+            "k": k,
+            "metrics": {},
+            "per_question": {
+                "ids": [f"{s}-{i}" for i in range(len(c))],
+                "greedy": [x > greedy_above for x in c],
+                "n": k,
+                "c": list(c),
+            },
+        }
+        for s, c in suites.items()
+    }
+    data = {
+        "suites": blocks,
+        "k": k,
+        "provenance": {"run_key": run_key, "mlflow_run_id": run_id, "commit": "abc", "config": config},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))

@@ -79,10 +79,18 @@ def _paper(extra):
     from creditlab.papers.load import parse_paper
     from creditlab.plan import check_analysis_kinds
 
-    base = {"paper": "p", "backbones": {"B": {"tiny": "tiny-s"}}, "benchmarks": {"X": {"tiny": "easy"}},
-            "runs": {"dapo": {"method": "dapo"}},
-            "tables": {"t": {"columns": [{"name": "X", "benchmark": "X", "metric": "greedy"}],
-                             "rows": [{"label": "r", "backbone": "B", "run": "dapo"}]}}}
+    base = {
+        "paper": "p",
+        "backbones": {"B": {"tiny": "tiny-s"}},
+        "benchmarks": {"X": {"tiny": "easy"}},
+        "runs": {"dapo": {"method": "dapo"}},
+        "tables": {
+            "t": {
+                "columns": [{"name": "X", "benchmark": "X", "metric": "greedy"}],
+                "rows": [{"label": "r", "backbone": "B", "run": "dapo"}],
+            }
+        },
+    }
     spec = parse_paper(base | {"analyses": extra}, "test.yaml")
     check_analysis_kinds(spec)  # kinds and params: creditlab.plan, against creditlab.analysis
     return spec

@@ -15,9 +15,9 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import creditlab.models.tiny as tiny  # noqa: E402
+from creditlab.jobs.common import load_model  # noqa: E402
 from creditlab.lm.batch import pack, response_forward  # noqa: E402
 from creditlab.lm.sampler import generate, left_pad  # noqa: E402
-from creditlab.jobs.common import load_model  # noqa: E402
 from creditlab.models.tiny import build_model, n_params  # noqa: E402
 from creditlab.plan import CONFIG_DIR  # noqa: E402
 
@@ -62,8 +62,14 @@ def _assert_greedy_matches_hf(model, n_prompts: int = 10, max_new: int = 20) -> 
     ours = generate(model, prompts, max_new_tokens=max_new, eos_id=eos, pad_id=PAD, greedy=True)
     ids, mask = left_pad(prompts, PAD)
     with torch.no_grad():
-        hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                            eos_token_id=eos, pad_token_id=PAD)
+        hf = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=PAD,
+        )
     hf_rows = [_truncate_at(row, eos) for row in hf[:, ids.shape[1] :].tolist()]  # HF pads after EOS
     assert ours.response_ids == hf_rows
     assert ours.finished == [eos in r for r in hf_rows]
@@ -118,8 +124,9 @@ def test_response_forward_matches_plain_forward(model):
             logprobs = torch.log_softmax(logits, -1)
             want = logprobs.gather(-1, torch.tensor(r)[:, None]).squeeze(-1)
             torch.testing.assert_close(out.logp[i, : len(r)], want, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(out.entropy[i, : len(r)], -(logprobs.exp() * logprobs).sum(-1),
-                                       atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                out.entropy[i, : len(r)], -(logprobs.exp() * logprobs).sum(-1), atol=1e-5, rtol=1e-5
+            )
     assert out.hidden.shape == (6, batch.response_len, model.config.hidden_size)
 
 

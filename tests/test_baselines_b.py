@@ -72,8 +72,9 @@ def test_sapo_tau_switches_on_the_sign_of_the_advantage():
     for a, tau in ((1.0, 0.7), (-1.0, 1.9), (0.0, 1.9)):
         _, st = sapo_loss(logp, old, torch.full((1, 3), a, dtype=D), mask, tau_pos=0.7, tau_neg=1.9)
         assert st["sapo_gate_mean"] == pytest.approx(gate(tau))
-    loss, _ = sapo_loss(logp, old, torch.tensor([[2.0, -3.0, 0.0]], dtype=D), mask, tau_pos=0.7, tau_neg=1.9,
-                        agg="token-mean")
+    loss, _ = sapo_loss(
+        logp, old, torch.tensor([[2.0, -3.0, 0.0]], dtype=D), mask, tau_pos=0.7, tau_neg=1.9, agg="token-mean"
+    )
     assert loss.item() == pytest.approx((-2.0 * gate(0.7) + 3.0 * gate(1.9)) / 3)
 
 
@@ -101,8 +102,7 @@ def test_sapo_denom_overrides_token_mean_normaliser():
 
 
 # ----------------------------------------------------------------------------------------- FIPO
-def _fipo_reference(logp, old, adv, mask, *, c=10.0, halflife=32.0, w_min=1.0, w_max=1.2, safety=10.0,
-                    neg=(0.8, 1.0)):
+def _fipo_reference(logp, old, adv, mask, *, c=10.0, halflife=32.0, w_min=1.0, w_max=1.2, safety=10.0, neg=(0.8, 1.0)):
     """Weights (double loop over t, k per response i) and the kept-response mask."""
     B, T = logp.shape
     g = 2.0 ** (-1.0 / halflife)
@@ -168,8 +168,9 @@ def test_fipo_weights_match_a_double_loop(kw):
 def test_discounted_future_sum_is_chunk_independent(chunk):
     x = torch.randn(4, 11, generator=torch.Generator().manual_seed(4), dtype=D)
     g = 0.8
-    ref = torch.tensor([[sum(g ** (k - t) * float(x[i, k]) for k in range(t, 11)) for t in range(11)]
-                        for i in range(4)], dtype=D)
+    ref = torch.tensor(
+        [[sum(g ** (k - t) * float(x[i, k]) for k in range(t, 11)) for t in range(11)] for i in range(4)], dtype=D
+    )
     torch.testing.assert_close(discounted_future_sum(x, g, chunk=chunk), ref, rtol=1e-12, atol=1e-12)
 
 
@@ -262,9 +263,14 @@ def test_forking_through_apply_credit_and_the_loss_on_selected_tokens_only():
     B, T = mask.shape
     g = torch.Generator().manual_seed(10)
     old = -torch.rand(B, T, generator=g)
-    inputs = CreditInputs(responses=torch.zeros(B, T, dtype=torch.long), mask=mask, old_logp=old,
-                          advantages=torch.randn(B, generator=g), group_ids=torch.zeros(B, dtype=torch.long),
-                          entropy=ent)
+    inputs = CreditInputs(
+        responses=torch.zeros(B, T, dtype=torch.long),
+        mask=mask,
+        old_logp=old,
+        advantages=torch.randn(B, generator=g),
+        group_ids=torch.zeros(B, dtype=torch.long),
+        entropy=ent,
+    )
     keep = apply_credit(registry.get("token_filter", "forking"), inputs, {"top_frac": 0.2})
     assert torch.equal(keep, forking_tokens_mask(ent, mask, 0.2))
     logp = (old + 0.1 * torch.randn(B, T, generator=g)).requires_grad_(True)
@@ -314,9 +320,18 @@ def test_method_configs_compose_and_are_registered(composed):
     assert sapo["loss_kwargs"] == {"tau_pos": 1.0, "tau_neg": 1.05, "agg": "seq-mean-token-mean"}  # no eps leak
     fipo = composed["fipo"]["method"]
     assert fipo["policy_loss"] == "fipo" and fipo["advantage"] == "grpo"
-    assert fipo["loss_kwargs"] == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 10.0, "decay_halflife": 32.0,
-                                   "w_min": 1.0, "w_max": 1.2, "safety_thresh": 10.0, "neg_w_range": [0.8, 1.0],
-                                   "max_dual_clip_tokens": 1, "agg": "token-mean"}
+    assert fipo["loss_kwargs"] == {
+        "eps_low": 0.2,
+        "eps_high": 0.28,
+        "dual_clip_c": 10.0,
+        "decay_halflife": 32.0,
+        "w_min": 1.0,
+        "w_max": 1.2,
+        "safety_thresh": 10.0,
+        "neg_w_range": [0.8, 1.0],
+        "max_dual_clip_tokens": 1,
+        "agg": "token-mean",
+    }
 
 
 def test_unknown_token_filter_fails_with_the_valid_choices(composed):

@@ -8,8 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from creditlab.algos import registry
-from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, ldm_partitions,
-                                      partition_bins, rb_draw, sign_counts, verl_default_minibatches, verl_workload)
+from creditlab.algos.batching import (
+    RewardBalancedBuffer,
+    call_batching,
+    groups_split_frac,
+    ldm_partitions,
+    partition_bins,
+    rb_draw,
+    sign_counts,
+    verl_default_minibatches,
+    verl_workload,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -25,8 +34,13 @@ def rollout_batches(draw):
     lengths = draw(st.lists(st.integers(1, 64), min_size=B, max_size=B))
     group_ids = torch.tensor([g for g, s in enumerate(sizes) for _ in range(s)])
     perm = torch.randperm(B, generator=torch.Generator().manual_seed(draw(st.integers(0, 10**6))))
-    return (group_ids[perm], torch.tensor(lengths), draw(st.integers(1, 6)), draw(st.integers(1, 4)),
-            draw(st.integers(0, 10**6)))
+    return (
+        group_ids[perm],
+        torch.tensor(lengths),
+        draw(st.integers(1, 6)),
+        draw(st.integers(1, 4)),
+        draw(st.integers(0, 10**6)),
+    )
 
 
 def _whole(idx, group_ids):
@@ -53,8 +67,14 @@ def test_query_preserved_never_splits_a_group_and_uses_every_rollout_once(batch)
         sizes = [s.numel() for shards in nested for s in shards]
         assert max(sizes) - min(sizes) <= int(counts[0])
     # the registered function = the rank-major flattening of the same partition
-    flat = call_batching(registry.get("batching", "query_preserved"), group_ids, M,
-                         torch.Generator().manual_seed(seed), lengths=lengths, n_ranks=R)
+    flat = call_batching(
+        registry.get("batching", "query_preserved"),
+        group_ids,
+        M,
+        torch.Generator().manual_seed(seed),
+        lengths=lengths,
+        n_ranks=R,
+    )
     assert [t.tolist() for t in flat] == [torch.cat(sh).tolist() for sh in nested if torch.cat(sh).numel()]
     assert all(_whole(mb, group_ids) for mb in flat)
 
@@ -101,12 +121,18 @@ def test_query_preserved_balances_tokens_better_than_chance():
 
 
 @SETTINGS
-@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=1, max_size=40), st.integers(1, 6),
-       st.integers(0, 1000))
+@given(
+    st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=1, max_size=40), st.integers(1, 6), st.integers(0, 1000)
+)
 def test_sign_partition_never_mixes_signs(adv, M, seed):
     adv = torch.tensor(adv)
-    mbs = call_batching(registry.get("batching", "sign_partitioned"), torch.arange(adv.numel()), M,
-                        torch.Generator().manual_seed(seed), advantages=adv)
+    mbs = call_batching(
+        registry.get("batching", "sign_partitioned"),
+        torch.arange(adv.numel()),
+        M,
+        torch.Generator().manual_seed(seed),
+        advantages=adv,
+    )
     assert sorted(torch.cat(mbs).tolist()) == list(range(adv.numel()))
     for mb in mbs:
         assert bool((adv[mb] > 0).all()) or bool((adv[mb] <= 0).all())
@@ -117,19 +143,25 @@ def test_call_batching_reports_missing_context():
     import pytest
 
     with pytest.raises(ValueError, match="lengths"):
-        call_batching(registry.get("batching", "query_preserved"), torch.zeros(4, dtype=torch.long), 2,
-                      torch.Generator())
+        call_batching(
+            registry.get("batching", "query_preserved"), torch.zeros(4, dtype=torch.long), 2, torch.Generator()
+        )
 
 
 # --------------------------------------------------------------------------------- reward-balanced buffer
 
 group_draw = st.tuples(st.integers(1, 8), st.integers(0, 8), st.integers(0, 8)).map(
-    lambda t: (min(t[1], t[0]), min(t[2], t[0] - min(t[1], t[0])), t[0]))  # (n_pos, n_neg, size)
+    lambda t: (min(t[1], t[0]), min(t[2], t[0] - min(t[1], t[0])), t[0])
+)  # (n_pos, n_neg, size)
 
 
 @SETTINGS
-@given(st.lists(st.lists(group_draw, max_size=10), min_size=1, max_size=12),
-       st.integers(1, 6), st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.5]), st.integers(0, 3))
+@given(
+    st.lists(st.lists(group_draw, max_size=10), min_size=1, max_size=12),
+    st.integers(1, 6),
+    st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.5]),
+    st.integers(0, 3),
+)
 def test_reward_balanced_buffer_invariants(steps, n_groups, rho, max_age):
     buf = RewardBalancedBuffer(n_groups, rho, max_age)
     added, emitted = 0, set()
@@ -219,8 +251,16 @@ def test_trainer_generates_until_balanced_and_updates_every_step(tmp_path):
     prompts in the same step, then the update (the old local engine skipped the step's update instead)."""
     from conftest import make_trainer
 
-    t = make_trainer("dapo", tmp_path, ["trainer.reward_balance.enable=true", "trainer.reward_balance.max_age=1",
-                                        "trainer.batching=query_preserved", "trainer.mini_batches=2"])
+    t = make_trainer(
+        "dapo",
+        tmp_path,
+        [
+            "trainer.reward_balance.enable=true",
+            "trainer.reward_balance.max_age=1",
+            "trainer.batching=query_preserved",
+            "trainer.mini_batches=2",
+        ],
+    )
     t.scorer = _ScheduledScorer()
     seen = []
     learn = t.learn
@@ -247,9 +287,15 @@ def test_trainer_forces_the_oldest_groups_after_max_rounds(tmp_path):
     t.scorer = _AllWrong()
     m0 = t.train_step(0)
     assert m0["rb_rounds"] == 3.0 and m0["rb_forced"] == 1.0 and "skipped" not in m0 and t.rb_round == 3
-    t2 = make_trainer("dapo", tmp_path / "raise", ["trainer.reward_balance.enable=true",
-                                                    "trainer.reward_balance.max_rounds=2",
-                                                    "trainer.reward_balance.on_exhausted=raise"])
+    t2 = make_trainer(
+        "dapo",
+        tmp_path / "raise",
+        [
+            "trainer.reward_balance.enable=true",
+            "trainer.reward_balance.max_rounds=2",
+            "trainer.reward_balance.on_exhausted=raise",
+        ],
+    )
     t2.scorer = _AllWrong()
     with pytest.raises(RuntimeError, match="after 2 generation rounds"):
         t2.train_step(0)
@@ -259,8 +305,12 @@ def test_reward_balanced_run_resumes_exactly(tmp_path):
     """The buffer is part of the checkpoint: stop after 2 steps, resume, equal to 4 uninterrupted steps."""
     from conftest import make_trainer
 
-    over = ["trainer.reward_balance.enable=true", "trainer.steps=4", "trainer.checkpoint_every=2",
-            "trainer.batching=query_preserved"]
+    over = [
+        "trainer.reward_balance.enable=true",
+        "trainer.steps=4",
+        "trainer.checkpoint_every=2",
+        "trainer.batching=query_preserved",
+    ]
     a = make_trainer("dapo", tmp_path / "a", over)
     b = make_trainer("dapo", tmp_path / "b", over)
     c = make_trainer("dapo", tmp_path / "b", over)
@@ -302,8 +352,7 @@ def test_rb_sign_values_reads_the_advantage_of_shaped_rewards_or_the_raw_score()
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(1, 8), st.integers(1, 12), st.lists(st.integers(1, 40), min_size=96, max_size=96),
-       st.booleans())
+@given(st.integers(1, 8), st.integers(1, 12), st.lists(st.integers(1, 40), min_size=96, max_size=96), st.booleans())
 def test_ldm_partitions_equal_verls_partitioner(k, per, lengths, ties):
     """The partition verl 0.9.1's _balance_batch takes (get_seqlen_balanced_partitions, equal_size=True), ties and
     all: the local engine's baseline order is verl's, not a look-alike."""
@@ -329,8 +378,13 @@ def _verl_steps(seq_lengths, n_ranks, n_minibatches):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 16), st.sampled_from([2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]),
-       st.integers(0, 10**6))
+@given(
+    st.integers(1, 16),
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(0, 10**6),
+)
 def test_verl_default_minibatches_are_verls_optimizer_steps(prompts, G, M, R, seed):
     B = prompts * G
     if B % (R * M):
@@ -354,16 +408,18 @@ def test_verl_ordering_imports_without_verl_ray_or_transfer_queue():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "for name in ('verl', 'ray', 'transfer_queue', 'tensordict'):\n"
-            "    sys.modules[name] = None\n"
-            "import torch\n"
-            "from creditlab.engines.verl import ordering\n"
-            "assert ordering.verl_minibatches(8, 2, 4) == [[0, 1, 4, 5], [2, 3, 6, 7]]\n"
-            "order, _ = ordering.sequential_order(torch.tensor([1, 0, 1, 0]), 2, 1)\n"
-            "assert order == [0, 2, 1, 3], order\n"
-            "assert not [m for m in sys.modules if m.split('.')[0] in ('verl', 'ray', 'transfer_queue')\n"
-            "            and sys.modules[m] is not None]\n")
+    code = (
+        "import sys\n"
+        "for name in ('verl', 'ray', 'transfer_queue', 'tensordict'):\n"
+        "    sys.modules[name] = None\n"
+        "import torch\n"
+        "from creditlab.engines.verl import ordering\n"
+        "assert ordering.verl_minibatches(8, 2, 4) == [[0, 1, 4, 5], [2, 3, 6, 7]]\n"
+        "order, _ = ordering.sequential_order(torch.tensor([1, 0, 1, 0]), 2, 1)\n"
+        "assert order == [0, 2, 1, 3], order\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('verl', 'ray', 'transfer_queue')\n"
+        "            and sys.modules[m] is not None]\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 
@@ -377,8 +433,10 @@ def test_paper_scale_baseline_splits_some_groups_random_splits_nearly_all():
     seq = torch.randint(200, 8192, (1024,), generator=g)
     resp = seq - 100
     kw = dict(lengths=resp, seq_lengths=seq, n_ranks=8)
-    split = {name: groups_split_frac(call_batching(registry.get("batching", name), gids, 4, g, **kw), gids)
-             for name in ("verl_default", "random", "token_balanced", "query_preserved")}
+    split = {
+        name: groups_split_frac(call_batching(registry.get("batching", name), gids, 4, g, **kw), gids)
+        for name in ("verl_default", "random", "token_balanced", "query_preserved")
+    }
     assert 0.1 < split["verl_default"] < 0.6
     assert split["random"] > 0.95 and split["token_balanced"] > 0.95 and split["query_preserved"] == 0.0
 
@@ -398,6 +456,7 @@ def test_rb_draw_counts_rounds_and_forces():
     assert chosen == ["g9"] and admitted == [7, 8, 9] and len(refills) == 2 and nxt == 10
     assert stats["rb_rounds"] == 3.0 and stats["rb_forced"] == 0.0
     buf2 = RewardBalancedBuffer(n_groups=1, rho=0.25, max_age=5)
-    chosen, stats, nxt = rb_draw(buf2, 0, admit=lambda r: buf2.add(f"g{r}", 0, 0, 4, r), refill=lambda: None,
-                                 max_rounds=2)
+    chosen, stats, nxt = rb_draw(
+        buf2, 0, admit=lambda r: buf2.add(f"g{r}", 0, 0, 4, r), refill=lambda: None, max_rounds=2
+    )
     assert chosen == ["g0"] and stats["rb_forced"] == 1.0 and nxt == 2 and buf2.rho == 0.25  # oldest; rho restored

@@ -16,6 +16,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+
 from browser import free_port, page, screenshot, serve
 
 pytestmark = pytest.mark.e2e
@@ -33,13 +34,19 @@ def _store(results: Path):
 
 def _row(tab, key: str) -> list[str]:
     """The value cells of the compare page's table row whose first cell is exactly `key`."""
-    return tab.evaluate("""key => {
+    return (
+        tab.evaluate(
+            """key => {
         for (const tr of document.querySelectorAll('tr')) {
             const cells = Array.from(tr.querySelectorAll('th, td')).map(c => c.innerText.trim());
             if (cells.length > 1 && cells[0] === key) return cells.slice(1);
         }
         return null;
-    }""", key) or []
+    }""",
+            key,
+        )
+        or []
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +79,9 @@ def test_mlflow_ui_shows_table_runs_nested_and_compares_their_rows(micro_results
         screenshot(tab, "mlflow_experiment_table_runs")
 
         # the table's run: its description is the table itself
-        tab.goto(f"{mlflow_ui}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning")
+        tab.goto(
+            f"{mlflow_ui}/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning"
+        )
         tab.get_by_text("Scale micro: these are NOT the paper's results.", exact=False).first.wait_for()
         screenshot(tab, "mlflow_table_run")
 
@@ -97,7 +106,9 @@ def test_mlflow_ui_shows_table_runs_nested_and_compares_their_rows(micro_results
 
         # a row's run page: its metrics as logged (the last value of reward_mean, full precision)
         run = trained[0]
-        tab.goto(f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning")
+        tab.goto(
+            f"{mlflow_ui}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
+        )
         tab.get_by_text("reward_mean", exact=True).first.wait_for()
         cells = tab.evaluate("""() => Array.from(document.querySelectorAll('tr, [role=row]'))
             .map(r => r.innerText.trim()).filter(t => t.split('\\n')[0].trim() === 'reward_mean')""")

@@ -73,8 +73,9 @@ def assert_no_stray_processes(settle_s: float = 3.0, creators: set[int] = frozen
 
 
 def assert_machine_usable() -> None:
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                         timeout=30, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30, check=False
+    )
     assert out.returncode == 0 and out.stdout.strip().isdigit()
     v = runner.run_tests("print(int(input()) * 2)", one_stdin("42", "21"), time_limit_s=5)
     assert v.passed, v.to_dict()
@@ -98,8 +99,12 @@ def test_extract_code():
 def test_parse_tests_shapes():
     tests, opts = cases.parse_tests(json.dumps([{"input": "1", "output": "1", "testtype": "stdin"}]))
     assert tests == [cases.TestCase("1", "1", "stdin")] and opts == {}
-    row = {"public_test_cases": json.dumps([{"input": "[1]\n2", "output": "3", "testtype": "functional"}]),
-           "private_test_cases": [], "metadata": json.dumps({"func_name": "f"}), "time_limit_s": 2}
+    row = {
+        "public_test_cases": json.dumps([{"input": "[1]\n2", "output": "3", "testtype": "functional"}]),
+        "private_test_cases": [],
+        "metadata": json.dumps({"func_name": "f"}),
+        "time_limit_s": 2,
+    }
     tests, opts = cases.parse_tests(row)
     assert tests == [cases.TestCase("[1]\n2", "3", "functional", "f")] and opts == {"time_limit_s": 2}
     with pytest.raises(ValueError):
@@ -128,11 +133,15 @@ def test_lcb_comparison_rules():
 
 
 def test_correct_stdin_solutions_pass():
-    tests = [{"input": "1 2\n", "output": "3\n", "testtype": "stdin"},
-             {"input": "10 -4", "output": "6", "testtype": "stdin"}]
+    tests = [
+        {"input": "1 2\n", "output": "3\n", "testtype": "stdin"},
+        {"input": "10 -4", "output": "6", "testtype": "stdin"},
+    ]
     plain = "a, b = map(int, input().split())\nprint(a + b)\n"
-    main_guard = ("import sys\ndef main():\n    a, b = map(int, sys.stdin.read().split())\n    print(a + b)\n"
-                  "if __name__ == '__main__':\n    main()\n")
+    main_guard = (
+        "import sys\ndef main():\n    a, b = map(int, sys.stdin.read().split())\n    print(a + b)\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
     for code in (plain, main_guard):
         v = runner.run_tests(code, tests, time_limit_s=5)
         assert v.passed and v.reward == 1.0 and [t.verdict for t in v.tests] == ["pass", "pass"], v.to_dict()
@@ -140,15 +149,21 @@ def test_correct_stdin_solutions_pass():
 
 def test_correct_functional_solutions_pass():
     meta = {"func_name": "twoSum"}
-    tests = [{"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional", "metadata": meta},
-             {"input": "[3,2,4]\n6", "output": "[1, 2]", "testtype": "functional", "metadata": meta}]
+    tests = [
+        {"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional", "metadata": meta},
+        {"input": "[3,2,4]\n6", "output": "[1, 2]", "testtype": "functional", "metadata": meta},
+    ]
     # List comes from LCB's preamble; a returned tuple counts as a list
-    leetcode = ("class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
-                "        seen = {}\n        for i, x in enumerate(nums):\n"
-                "            if target - x in seen:\n                return (seen[target - x], i)\n"
-                "            seen[x] = i\n")
-    function = ("def twoSum(nums, target):\n    for i in range(len(nums)):\n        for j in range(i):\n"
-                "            if nums[i] + nums[j] == target:\n                return [j, i]\n")
+    leetcode = (
+        "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
+        "        seen = {}\n        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n                return (seen[target - x], i)\n"
+        "            seen[x] = i\n"
+    )
+    function = (
+        "def twoSum(nums, target):\n    for i in range(len(nums)):\n        for j in range(i):\n"
+        "            if nums[i] + nums[j] == target:\n                return [j, i]\n"
+    )
     for code in (leetcode, function):
         v = runner.run_tests(code, tests, time_limit_s=5)
         assert v.passed, v.to_dict()
@@ -191,12 +206,18 @@ def test_infinite_loop_is_timeout_bounded():
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bomb", [
-    "import os\nwhile True: os.fork()",
-    # keeps forking past the process limit, half of it in a detached session (out of the process group)
-    ("import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-     "        pass\n"),
-])
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        "import os\nwhile True: os.fork()",
+        # keeps forking past the process limit, half of it in a detached session (out of the process group)
+        (
+            "import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    try:\n        os.fork()\n    "
+            "except OSError:\n"
+            "        pass\n"
+        ),
+    ],
+)
 def test_fork_bomb_is_contained(bomb):
     v = runner.run_tests(bomb, one_stdin("1"), time_limit_s=2.0)
     assert v.status in FAILED and v.status != "sandbox_error", v.to_dict()
@@ -212,8 +233,7 @@ def test_detached_daemon_is_killed():
     assert_no_stray_processes()
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(10**11)",
-                                  "x = []\nwhile True:\n    x.append(' ' * 10**6)\n"])
+@pytest.mark.parametrize("code", ["x = bytearray(10**11)", "x = []\nwhile True:\n    x.append(' ' * 10**6)\n"])
 def test_huge_allocation_is_memory(code):
     v = runner.run_tests(code, one_stdin("1"), time_limit_s=10, memory_mb=256)
     assert v.status == "memory", v.to_dict()
@@ -222,11 +242,16 @@ def test_huge_allocation_is_memory(code):
 
 def test_cannot_write_outside_scratch_dir():
     tag = uuid.uuid4().hex
-    targets = [Path(tempfile.gettempdir()) / f"creditlab_pwned_{tag}", REPO / f"creditlab_pwned_{tag}",
-               Path.home() / f"creditlab_pwned_{tag}"]
-    code = ("import os\n"
-            f"for p in {[str(t) for t in targets]!r} + [os.path.join('..', 'creditlab_pwned_{tag}')]:\n"
-            "    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\nprint('done')\n")
+    targets = [
+        Path(tempfile.gettempdir()) / f"creditlab_pwned_{tag}",
+        REPO / f"creditlab_pwned_{tag}",
+        Path.home() / f"creditlab_pwned_{tag}",
+    ]
+    code = (
+        "import os\n"
+        f"for p in {[str(t) for t in targets]!r} + [os.path.join('..', 'creditlab_pwned_{tag}')]:\n"
+        "    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\nprint('done')\n"
+    )
     try:
         v = runner.run_tests(code, one_stdin("done"), time_limit_s=5)
         assert v.status in {"pass"} | FAILED
@@ -246,10 +271,12 @@ def test_cannot_read_files_outside_scratch_dir():
         secret.write_text("TOP-SECRET-" + uuid.uuid4().hex)
         secret.chmod(0o644)
         os.chmod(d, 0o755)
-        code = ("leaked = []\n"
-                f"for p in {[str(secret), str(REPO / 'README.md'), str(Path(sandbox.__file__))]!r}:\n"
-                "    try:\n        open(p).read(1)\n        leaked.append(p)\n    except OSError:\n        pass\n"
-                "print('safe' if not leaked else 'LEAK ' + ' '.join(leaked))\n")
+        code = (
+            "leaked = []\n"
+            f"for p in {[str(secret), str(REPO / 'README.md'), str(Path(sandbox.__file__))]!r}:\n"
+            "    try:\n        open(p).read(1)\n        leaked.append(p)\n    except OSError:\n        pass\n"
+            "print('safe' if not leaked else 'LEAK ' + ' '.join(leaked))\n"
+        )
         v = runner.run_tests(code, one_stdin("safe"), time_limit_s=5)
         assert v.passed, f"the solution could read host files: {v.tests[0].detail}"
 
@@ -264,11 +291,13 @@ def test_no_network():
     srv.listen(8)
     srv.setblocking(False)
     port = srv.getsockname()[1]
-    code = ("import socket\nres = []\n"
-            f"for addr in [('1.1.1.1', 80), ('127.0.0.1', {port})]:\n"
-            "    try:\n        socket.create_connection(addr, timeout=3).close()\n        res.append('OPEN')\n"
-            "    except OSError:\n        res.append('blocked')\n"
-            "print(' '.join(res))\n")
+    code = (
+        "import socket\nres = []\n"
+        f"for addr in [('1.1.1.1', 80), ('127.0.0.1', {port})]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=3).close()\n        res.append('OPEN')\n"
+        "    except OSError:\n        res.append('blocked')\n"
+        "print(' '.join(res))\n"
+    )
     try:
         v = runner.run_tests(code, one_stdin("blocked blocked"), time_limit_s=10)
         assert v.passed, f"network reachable from the sandbox: {v.tests[0].detail}"
@@ -282,10 +311,12 @@ def test_environment_is_scrubbed(monkeypatch):
     token = uuid.uuid4().hex
     monkeypatch.setenv("CREDITLAB_SECRET", token)
     monkeypatch.setenv("PYTHONPATH", str(REPO / "src"))
-    code = ("import os, sys\n"
-            f"leak = [k for k, v in os.environ.items() if k in ('CREDITLAB_SECRET', 'PYTHONPATH') or {token!r} in v]\n"
-            "ok = not leak and os.environ.get('HOME') == os.getcwd() and sys.flags.isolated and sys.flags.no_site\n"
-            "print('clean' if ok else 'LEAK %s %s' % (leak, dict(os.environ)))\n")
+    code = (
+        "import os, sys\n"
+        f"leak = [k for k, v in os.environ.items() if k in ('CREDITLAB_SECRET', 'PYTHONPATH') or {token!r} in v]\n"
+        "ok = not leak and os.environ.get('HOME') == os.getcwd() and sys.flags.isolated and sys.flags.no_site\n"
+        "print('clean' if ok else 'LEAK %s %s' % (leak, dict(os.environ)))\n"
+    )
     v = runner.run_tests(code, one_stdin("clean"), time_limit_s=5)
     assert v.passed, v.tests[0].detail
     assert token not in json.dumps(v.to_dict())
@@ -293,9 +324,11 @@ def test_environment_is_scrubbed(monkeypatch):
 
 def test_scratch_dir_is_fresh_and_removed():
     name = f"creditlab_scratch_{uuid.uuid4().hex}"
-    code = (f"import os\nfresh = not os.listdir('.') or os.listdir('.') == ['.io']\n"
-            f"open({name!r}, 'w').write('x' * 1000)\n"
-            "print('fresh' if fresh else 'dirty ' + str(os.listdir('.')))\n")
+    code = (
+        f"import os\nfresh = not os.listdir('.') or os.listdir('.') == ['.io']\n"
+        f"open({name!r}, 'w').write('x' * 1000)\n"
+        "print('fresh' if fresh else 'dirty ' + str(os.listdir('.')))\n"
+    )
     v = runner.run_tests(code, one_stdin("fresh"), time_limit_s=5)
     assert v.passed, v.tests[0].detail
     assert v.scratch_dir is None or not os.path.exists(v.scratch_dir)
@@ -310,8 +343,14 @@ def test_scratch_dir_is_fresh_and_removed():
 
 def test_verify_many_keeps_order():
     tests = one_stdin("3", "1 2") + one_stdin("7", "3 4")
-    codes = ["a,b=map(int,input().split())\nprint(a+b)", "print(3)", None, "raise SystemExit(0)",
-             "while True: pass", "def f(:"]
+    codes = [
+        "a,b=map(int,input().split())\nprint(a+b)",
+        "print(3)",
+        None,
+        "raise SystemExit(0)",
+        "while True: pass",
+        "def f(:",
+    ]
     out = runner.verify_many([(c, tests) for c in codes], workers=2, time_limit_s=1.0)
     assert [v.status for v in out] == ["pass", "fail", "compile_error", "fail", "timeout", "compile_error"]
     per_item = runner.verify_many([{"code": "print(3)", "tests": tests, "stop_at_first_failure": False}], workers=2)
@@ -352,9 +391,19 @@ def test_sandbox_report():
 
 # token -> whether "1 <token>" equals "1.0 <token>" under LCB's rule (Decimals element-wise; NaN never equals,
 # a token Decimal cannot read makes the line a plain string)
-SPECIAL_DECIMALS = {"sNaN": False, "-sNaN": False, "sNaN123": False, "NaN": False, "-NaN": False, "Infinity": True,
-                    "-inf": True, "1e999999999999999999999": False, "1e-999999999999999999999": False,
-                    "9" * 5000 + "e999999999": True, "1e" + "9" * 5000: False}
+SPECIAL_DECIMALS = {
+    "sNaN": False,
+    "-sNaN": False,
+    "sNaN123": False,
+    "NaN": False,
+    "-NaN": False,
+    "Infinity": True,
+    "-inf": True,
+    "1e999999999999999999999": False,
+    "1e-999999999999999999999": False,
+    "9" * 5000 + "e999999999": True,
+    "1e" + "9" * 5000: False,
+}
 
 
 def test_special_decimal_values_never_raise():
@@ -383,8 +432,23 @@ def _forging_solution(route: str, forged: dict[str, list], answers: dict[str, st
     prints ``answers[input]`` (default: a wrong answer). When the tests run as root the pipes belong to root
     and their permissions already refuse the ``proc_fd`` route (it worked when the caller is not root);
     ``pidfd_getfd`` needs no permission on the pipe."""
-    lines = {k: [json.dumps({"op": "result", "status": "ok", "output": o, "truncated": False, "wall_s": 0.0,
-                             "cpu_s": 0.0, "detail": ""}) for o in outs] for k, outs in forged.items()}
+    lines = {
+        k: [
+            json.dumps(
+                {
+                    "op": "result",
+                    "status": "ok",
+                    "output": o,
+                    "truncated": False,
+                    "wall_s": 0.0,
+                    "cpu_s": 0.0,
+                    "detail": "",
+                }
+            )
+            for o in outs
+        ]
+        for k, outs in forged.items()
+    }
     return f"""
 import ctypes, fcntl, os, stat, sys
 ROUTE, LINES, ANSWERS = {route!r}, {lines!r}, {answers!r}
@@ -506,11 +570,13 @@ print("isolated" if not got else " ".join(got))
 def test_solution_cannot_stop_or_kill_its_harness():
     # the harness is pid 1 of the sandbox's pid namespace: the kernel drops the solution's signals to it (before
     # issue 21 it was pid 2 and a kill made the run a sandbox_error; a SIGSTOP hung it until the parent's timeout)
-    code = ("import os, signal\n"
-            "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):\n"
-            "    for target in (1, -1):\n"
-            "        try:\n            os.kill(target, sig)\n        except OSError:\n            pass\n"
-            "print(int(input()) * 2)\n")
+    code = (
+        "import os, signal\n"
+        "for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGKILL):\n"
+        "    for target in (1, -1):\n"
+        "        try:\n            os.kill(target, sig)\n        except OSError:\n            pass\n"
+        "print(int(input()) * 2)\n"
+    )
     v = runner.run_tests(code, one_stdin("42", "21") + one_stdin("8", "4"), time_limit_s=5)
     assert v.passed, v.to_dict()
 
@@ -554,7 +620,7 @@ def test_malformed_harness_answers_are_sandbox_errors(monkeypatch):
     # the parent validates every answer: nonce, one answer per request, field types. A harness (here a fake
     # one, standing for a subverted harness) that breaks the protocol yields sandbox_error for that solution
     # only, never an exception in the parent.
-    fake = r'''
+    fake = r"""
 import json, os, sys
 nonce = b""
 while len(nonce) < 32:
@@ -594,11 +660,22 @@ for line in pin:
         send({**res, "truncated": "no"})
     else:
         send(res)
-'''
+"""
     monkeypatch.setattr(sandbox, "HARNESS", fake)
     tests = one_stdin("3", "1 2") + one_stdin("3", "3 4")
-    modes = ["honest", "no_nonce", "wrong_nonce", "list_output", "bool_index", "wrong_index", "two_answers",
-             "not_an_object", "bad_status", "nan_time", "string_truncated"]
+    modes = [
+        "honest",
+        "no_nonce",
+        "wrong_nonce",
+        "list_output",
+        "bool_index",
+        "wrong_index",
+        "two_answers",
+        "not_an_object",
+        "bad_status",
+        "nan_time",
+        "string_truncated",
+    ]
     out = runner.verify_many([(m, tests) for m in modes], workers=2, time_limit_s=5, stop_at_first_failure=False)
     assert out[0].passed, out[0].to_dict()
     for mode, v in zip(modes[1:], out[1:]):
@@ -627,14 +704,17 @@ def f(x):
 def test_huge_printed_number_is_judged_within_the_solutions_budget():
     # int(Decimal(...)) of 2 million digits took the parent 182 s; the verdict must come in seconds. Run in a
     # subprocess with a bounded timeout (no wall-clock assertion: the timeout only stops a hung judge).
-    prog = ("import json, sys\nfrom creditlab.rewards.code import runner\n"
-            "tests = [{'input': '1', 'output': '1', 'testtype': 'functional', 'func_name': 'f'}]\n"
-            "stdin_tests = [{'input': '', 'output': '1 2', 'testtype': 'stdin'}]\n"
-            "big = runner.run_tests(sys.argv[1], tests, time_limit_s=10)\n"
-            "printed = runner.run_tests(\"print('9' * 2_000_000, '8' * 2_000_000)\", stdin_tests, time_limit_s=10)\n"
-            "print(json.dumps([big.status, printed.status]))\n")
-    p = subprocess.run([sys.executable, "-c", prog, HUGE_RETURN], capture_output=True, text=True, timeout=90,
-                       check=False, cwd=REPO)
+    prog = (
+        "import json, sys\nfrom creditlab.rewards.code import runner\n"
+        "tests = [{'input': '1', 'output': '1', 'testtype': 'functional', 'func_name': 'f'}]\n"
+        "stdin_tests = [{'input': '', 'output': '1 2', 'testtype': 'stdin'}]\n"
+        "big = runner.run_tests(sys.argv[1], tests, time_limit_s=10)\n"
+        "printed = runner.run_tests(\"print('9' * 2_000_000, '8' * 2_000_000)\", stdin_tests, time_limit_s=10)\n"
+        "print(json.dumps([big.status, printed.status]))\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", prog, HUGE_RETURN], capture_output=True, text=True, timeout=90, check=False, cwd=REPO
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == ["fail", "fail"], p.stdout[-2000:]
     assert cases.return_matches("9" * 2_000_000, "9" * 2_000_000)  # huge integers still compare (as digit strings)
@@ -645,7 +725,7 @@ def test_huge_printed_number_is_judged_within_the_solutions_budget():
     assert not cases.return_matches("[" + "[], " * 4_000_000 + "[]]", "[[]]")
     # what json.dumps makes of a value equal to the gold still matches, however much longer its text is
     assert cases.return_matches(json.dumps([False] * 1000), json.dumps([0] * 1000, separators=(",", ":")))
-    assert cases.return_matches(json.dumps("\U0001F600" * 1000), json.dumps("\U0001F600" * 1000, ensure_ascii=False))
+    assert cases.return_matches(json.dumps("\U0001f600" * 1000), json.dumps("\U0001f600" * 1000, ensure_ascii=False))
 
 
 def test_dev_shm_and_dev_are_capped():

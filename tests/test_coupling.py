@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import make_trainer
+from creditlab.algos.cancellation import loss_token_coefficients
 from creditlab.analysis.coupling import (
     PARAMS,
     POOLS,
@@ -12,7 +13,6 @@ from creditlab.analysis.coupling import (
     masking_experiment,
     output_similarity,
 )
-from creditlab.algos.cancellation import loss_token_coefficients
 from creditlab.lm.batch import pack, response_forward
 from creditlab.models.tiny import build_model
 
@@ -136,8 +136,18 @@ def test_masking_experiment_leaves_model_unchanged(setup):
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train()
     for params in PARAMS:
-        res = masking_experiment(model, batch, adv_tok, mask, tr.loss_fn, loss_kwargs=tr.mcfg["loss_kwargs"],
-                                 params=params, lr=0.1, n_candidates=3, generator=torch.Generator().manual_seed(1))
+        res = masking_experiment(
+            model,
+            batch,
+            adv_tok,
+            mask,
+            tr.loss_fn,
+            loss_kwargs=tr.mcfg["loss_kwargs"],
+            params=params,
+            lr=0.1,
+            n_candidates=3,
+            generator=torch.Generator().manual_seed(1),
+        )
         assert res["params"] == params and res["lr"] == 0.1
         assert set(res["sets"]) == set(SETS)
         assert len(res["candidates"]) == 3
@@ -150,10 +160,12 @@ def test_masking_experiment_leaves_model_unchanged(setup):
 def test_masking_sets_and_pool(setup):
     tr, batch, adv_tok, mask = setup
     kw = dict(loss_kwargs=tr.mcfg["loss_kwargs"], lr=0.05, n_candidates=6)
-    res = masking_experiment(tr.model, batch, adv_tok, mask, tr.loss_fn,
-                             generator=torch.Generator().manual_seed(2), **kw)
-    res_all = masking_experiment(tr.model, batch, adv_tok, mask, tr.loss_fn, pool="all",
-                                 generator=torch.Generator().manual_seed(2), **kw)
+    res = masking_experiment(
+        tr.model, batch, adv_tok, mask, tr.loss_fn, generator=torch.Generator().manual_seed(2), **kw
+    )
+    res_all = masking_experiment(
+        tr.model, batch, adv_tok, mask, tr.loss_fn, pool="all", generator=torch.Generator().manual_seed(2), **kw
+    )
     n_valid = int(mask.sum())
     for rec, rec_all in zip(res["candidates"], res_all["candidates"]):
         assert (rec["row"], rec["pos"]) == (rec_all["row"], rec_all["pos"])  # same candidates
@@ -172,8 +184,18 @@ def test_masking_effect_first_order_lm_head(setup):
     """LM-head only, tiny lr: M = lr/N sign(A_c) sum_{s in S} A_s K_cs (DAPO token-mean at ratio 1)."""
     tr, batch, adv_tok, mask = setup
     model, lr = tr.model, 1e-4
-    res = masking_experiment(model, batch, adv_tok, mask, tr.loss_fn, loss_kwargs=tr.mcfg["loss_kwargs"],
-                             params="lm_head", lr=lr, n_candidates=8, generator=torch.Generator().manual_seed(3))
+    res = masking_experiment(
+        model,
+        batch,
+        adv_tok,
+        mask,
+        tr.loss_fn,
+        loss_kwargs=tr.mcfg["loss_kwargs"],
+        params="lm_head",
+        lr=lr,
+        n_candidates=8,
+        generator=torch.Generator().manual_seed(3),
+    )
     valid = mask > 0
     with torch.no_grad():
         out = response_forward(model, batch, with_hidden=True)
@@ -217,15 +239,26 @@ def test_masking_full_params_first_order(setup):
     """
     tr, batch, adv_tok, mask = setup
     pad = tr.tok.pad_token_id
-    keep = torch.tensor([i for i in range(mask.shape[0])
-                         if not ((batch.input_ids[i] == pad) & (batch.attention_mask[i] > 0)).any()])
+    keep = torch.tensor(
+        [i for i in range(mask.shape[0]) if not ((batch.input_ids[i] == pad) & (batch.attention_mask[i] > 0)).any()]
+    )
     assert keep.numel() >= 4
     batch, adv_tok, mask = batch.select(keep), adv_tok[keep], mask[keep]
     adv_tok, mask = adv_tok[:, : batch.response_len], mask[:, : batch.response_len]
     model, lr = tr.model, 1e-3
     kw = tr.mcfg["loss_kwargs"]
-    res = masking_experiment(model, batch, adv_tok, mask, tr.loss_fn, loss_kwargs=kw, params="full", lr=lr,
-                             n_candidates=3, generator=torch.Generator().manual_seed(4))
+    res = masking_experiment(
+        model,
+        batch,
+        adv_tok,
+        mask,
+        tr.loss_fn,
+        loss_kwargs=kw,
+        params="full",
+        lr=lr,
+        n_candidates=3,
+        generator=torch.Generator().manual_seed(4),
+    )
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
     out = response_forward(model, batch)
@@ -240,6 +273,7 @@ def test_masking_full_params_first_order(setup):
 
 def test_masking_validation(setup):
     tr, batch, adv_tok, mask = setup
+
     def run(**kw):
         return masking_experiment(tr.model, batch, adv_tok, mask, tr.loss_fn, **({"lr": 0.1} | kw))
 

@@ -81,8 +81,9 @@ def batch(B=4, T=9, d=6, seed=0):
     pad = mask == 0
     old_logp[pad] = float("nan")
     entropy[pad] = 1e6
-    return dict(mask=mask, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy, hidden=hidden,
-                base_hidden=base_hidden)
+    return dict(
+        mask=mask, old_logp=old_logp, ref_logp=ref_logp, entropy=entropy, hidden=hidden, base_hidden=base_hidden
+    )
 
 
 def valid_of(mask):
@@ -108,8 +109,12 @@ def ref_scores(name, b):
             elif name == "arca_divergence":
                 a[i][t] = abs(float(b["old_logp"][i, t]) - float(b["ref_logp"][i, t]))
             elif name == "arca":
-                a[i][t] = math.sqrt(sum((float(b["hidden"][i, t, k]) - float(b["base_hidden"][i, t, k])) ** 2
-                                        for k in range(b["hidden"].shape[-1])))
+                a[i][t] = math.sqrt(
+                    sum(
+                        (float(b["hidden"][i, t, k]) - float(b["base_hidden"][i, t, k])) ** 2
+                        for k in range(b["hidden"].shape[-1])
+                    )
+                )
     return a
 
 
@@ -254,10 +259,17 @@ def test_entropy_reduction_last_token_zero():
 
 def inputs_of(b, with_base=True):
     B, T = b["mask"].shape
-    return CreditInputs(responses=torch.zeros(B, T, dtype=torch.long), mask=b["mask"],
-                        old_logp=b["old_logp"], advantages=torch.randn(B), group_ids=torch.arange(B) // 2,
-                        hidden=b["hidden"], entropy=b["entropy"], ref_logp=b["ref_logp"],
-                        base_hidden=b["base_hidden"] if with_base else None)
+    return CreditInputs(
+        responses=torch.zeros(B, T, dtype=torch.long),
+        mask=b["mask"],
+        old_logp=b["old_logp"],
+        advantages=torch.randn(B),
+        group_ids=torch.arange(B) // 2,
+        hidden=b["hidden"],
+        entropy=b["entropy"],
+        ref_logp=b["ref_logp"],
+        base_hidden=b["base_hidden"] if with_base else None,
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import make_trainer
+from creditlab.algos import registry
 from creditlab.algos.credit.base import CreditInputs, apply_credit
 from creditlab.algos.credit.delta import (
     COEF_VARIANTS,
@@ -20,8 +22,6 @@ from creditlab.algos.credit.delta import (
     lm_head_row_proxy,
     topk_hidden_proxy,
 )
-from creditlab.algos import registry
-from conftest import make_trainer
 
 torch.set_num_threads(1)
 
@@ -147,7 +147,7 @@ def test_gamma_floor_is_the_official_variance_floor():
 
     def official_gamma(m):  # a direct reading of the official equation (one-pass moments, floor on the variance)
         mean = sum(m) / len(m)
-        return max(sum(x * x for x in m) / len(m) - mean ** 2, 1e-8) ** 0.5
+        return max(sum(x * x for x in m) / len(m) - mean**2, 1e-8) ** 0.5
 
     mu_pos, mu_neg = torch.zeros(2, dtype=torch.float64), torch.tensor([0.005, 0.0], dtype=torch.float64)
     vd = v.double()
@@ -204,8 +204,9 @@ def test_memory_is_linear_in_tokens_no_n_by_n(variant):
     N, d = 3000, 4
     v, adv = _inputs(N=N, d=d)
     with _Sizes() as sizes:
-        delta_coefficients(v, adv, refine_steps=2, variant=variant, chunk_size=512,
-                           generator=torch.Generator().manual_seed(0))
+        delta_coefficients(
+            v, adv, refine_steps=2, variant=variant, chunk_size=512, generator=torch.Generator().manual_seed(0)
+        )
     assert sizes.largest <= N * d  # never an N x N (9e6) or N x 2 x d tensor
 
 
@@ -266,8 +267,14 @@ def tiny_model_batch():
     from creditlab.lm.batch import pack
     from creditlab.models.tiny import build_model
 
-    arch = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                intermediate_size=32)
+    arch = dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=32,
+    )
     model = build_model(arch, vocab_size=13, pad_id=0, bos_id=1, eos_id=2, seed=0).eval()
     batch = pack([[1, 5, 6], [1, 7]], [[8, 9, 10, 2], [11, 2]], pad_id=0)
     return model, batch
@@ -283,10 +290,15 @@ def _batch(B=12, T=7, d=4, seed=0):
     mask = (torch.arange(T)[None] < lengths[:, None]).float()
     adv = torch.randn(B, generator=g)
     adv[:2] = 0.0
-    return CreditInputs(responses=torch.randint(5, (B, T), generator=g), mask=mask,
-                        old_logp=-torch.rand(B, T, generator=g), advantages=adv,
-                        group_ids=torch.arange(B) // 4, hidden=torch.randn(B, T, d, generator=g),
-                        rng=torch.Generator().manual_seed(3))
+    return CreditInputs(
+        responses=torch.randint(5, (B, T), generator=g),
+        mask=mask,
+        old_logp=-torch.rand(B, T, generator=g),
+        advantages=adv,
+        group_ids=torch.arange(B) // 4,
+        hidden=torch.randn(B, T, d, generator=g),
+        rng=torch.Generator().manual_seed(3),
+    )
 
 
 def test_delta_weights_scatter_the_coefficients_of_the_valid_tokens():
@@ -344,7 +356,9 @@ def _count_forwards(trainer):
 
 VARIANT_RUNS = [("delta", [f"method.credit.0.variant={v}"]) for v in COEF_VARIANTS] + [
     ("delta", ["method.credit.0.variant=topk_proxy", "+method.credit.0.topk=4"]),
-    ("delta_select", []), ("delta_select", ["method.token_filter.0.mode=random"])]
+    ("delta_select", []),
+    ("delta_select", ["method.token_filter.0.mode=random"]),
+]
 
 
 @pytest.mark.parametrize("method,overrides", VARIANT_RUNS)

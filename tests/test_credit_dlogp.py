@@ -55,8 +55,13 @@ def test_ppl_variants_direct_reading(variant):
 
 def test_registered_and_applied_from_a_batch():
     lp = _logp(B=4, T=3)
-    batch = CreditInputs(responses=torch.zeros(4, 3, dtype=torch.long), mask=torch.ones(4, 3), old_logp=lp,
-                         advantages=torch.zeros(4), group_ids=torch.tensor([0, 0, 1, 1]))
+    batch = CreditInputs(
+        responses=torch.zeros(4, 3, dtype=torch.long),
+        mask=torch.ones(4, 3),
+        old_logp=lp,
+        advantages=torch.zeros(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
     w = apply_credit(registry.get("credit", "dlogp"), batch, {"alpha": 0.1})
     torch.testing.assert_close(w, 1 + 0.1 * (1 - lp.exp()))
     w = apply_credit(registry.get("credit", "ppl"), batch, {"c": 0.1})

@@ -14,9 +14,9 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import make_trainer
 from scipy.stats import spearmanr
 
+from conftest import make_trainer
 from creditlab import paths
 from creditlab.algos.credit.base import CreditInputs
 from creditlab.analysis.credit_fidelity import (
@@ -67,8 +67,16 @@ def test_metrics_match_a_direct_computation():
 
     h1, h2 = truth + rng.normal(0, 0.3, n), truth + rng.normal(0, 0.3, n)
     clusters = np.arange(n) // 8
-    res = bootstrap_fidelity({"uniform": credit, "other": -credit}, truth, clusters, half1=h1, half2=h2,
-                             baseline="uniform", n_boot=200, seed=1)
+    res = bootstrap_fidelity(
+        {"uniform": credit, "other": -credit},
+        truth,
+        clusters,
+        half1=h1,
+        half2=h2,
+        baseline="uniform",
+        n_boot=200,
+        seed=1,
+    )
     assert res["methods"]["uniform"]["spearman"] == pytest.approx(m["spearman"])
     assert res["methods"]["other"]["delta_spearman"] == pytest.approx(-2 * m["spearman"])
     assert res["methods"]["uniform"]["delta_spearman_ci"] == [0.0, 0.0]  # paired: the same resamples
@@ -82,8 +90,13 @@ def test_metrics_match_a_direct_computation():
 # ------------------------------------------------------------------------------------------------ the estimator
 def _setup(tr):
     t = tr.tcfg
-    return dict(max_new_tokens=t["max_new_tokens"], temperature=t["temperature"], top_p=t["top_p"],
-                eos_id=tr.tok.eos_token_id, pad_id=tr.tok.pad_token_id)
+    return dict(
+        max_new_tokens=t["max_new_tokens"],
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        eos_id=tr.tok.eos_token_id,
+        pad_id=tr.tok.pad_token_id,
+    )
 
 
 def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
@@ -107,8 +120,18 @@ def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
                 us.append(U[j, t : t + budget][None])
                 heads.append(list(resp[:t]))
                 where.append((i, j, t))
-    conts = sample_continuations(tr.model, prefixes, budgets, [0] * len(prefixes), n=1, eos_id=kw["eos_id"],
-                                 pad_id=kw["pad_id"], temperature=kw["temperature"], top_p=kw["top_p"], uniforms=us)
+    conts = sample_continuations(
+        tr.model,
+        prefixes,
+        budgets,
+        [0] * len(prefixes),
+        n=1,
+        eos_id=kw["eos_id"],
+        pad_id=kw["pad_id"],
+        temperature=kw["temperature"],
+        top_p=kw["top_p"],
+        uniforms=us,
+    )
     brute = reward([h + c[0] for h, c in zip(heads, conts)], [None] * len(heads))
     mismatches = sum(float(mc["C"][i][j, t]) != b for (i, j, t), b in zip(where, brute))
     assert mismatches == 0
@@ -141,7 +164,7 @@ def test_standard_error_is_calibrated_against_an_exact_advantage(world):
         assert torch.all(truth["adv"][i][1:] == 0) and torch.all(truth["se"][i][1:] == 0)  # nothing after matters
     z = ((a0 - exact) / se0)[se0 > 0]
     assert z.numel() > 40
-    assert 0.6 < float((z ** 2).mean()) < 1.6
+    assert 0.6 < float((z**2).mean()) < 1.6
     assert abs(float(z.mean())) < 3 / math.sqrt(z.numel())
 
 
@@ -149,8 +172,19 @@ def test_standard_error_is_calibrated_against_an_exact_advantage(world):
 def test_planted_check_reaches_the_ceiling_with_the_oracle_and_fails_with_a_shuffled_one(world):
     tr, ro = world
     kw = _setup(tr)
-    res = planted_check(tr.model, ro.prompts, ro.responses, K=16, length=6, temperature=kw["temperature"],
-                        top_p=kw["top_p"], eos_id=kw["eos_id"], pad_id=kw["pad_id"], seed=0, n_boot=200)
+    res = planted_check(
+        tr.model,
+        ro.prompts,
+        ro.responses,
+        K=16,
+        length=6,
+        temperature=kw["temperature"],
+        top_p=kw["top_p"],
+        eos_id=kw["eos_id"],
+        pad_id=kw["pad_id"],
+        seed=0,
+        n_boot=200,
+    )
     m, ceiling = res["methods"], res["ceiling"]["ceiling"]
     assert res["max_abs_after_first"] == 0.0  # nothing after the marked token changes the reward: exactly 0
     assert ceiling > 0.5
@@ -170,8 +204,16 @@ def test_signed_credit_is_each_methods_per_token_gradient(world):
     mask = batch.response_mask
     gids = torch.tensor(ro.group_ids)
     rewards = torch.tensor(ro.rewards, dtype=torch.float32)
-    inputs = CreditInputs(responses=batch.responses, mask=mask, old_logp=old.logp, advantages=None, group_ids=gids,
-                          hidden=old.hidden, entropy=old.entropy, rng=torch.Generator().manual_seed(0))
+    inputs = CreditInputs(
+        responses=batch.responses,
+        mask=mask,
+        old_logp=old.logp,
+        advantages=None,
+        group_ids=gids,
+        hidden=old.hidden,
+        entropy=old.entropy,
+        rng=torch.Generator().manual_seed(0),
+    )
     adv = tr.advantage_fn(rewards, gids).double()[:, None]
     dapo = {"advantage": "grpo", "policy_loss": "dapo", "loss_kwargs": {"agg": "token-mean"}, "credit": []}
     grpo = dapo | {"loss_kwargs": {"agg": "seq-mean-token-mean", "dual_clip_c": None}}
@@ -180,8 +222,9 @@ def test_signed_credit_is_each_methods_per_token_gradient(world):
     torch.testing.assert_close(signed_credit(dapo, inputs, rewards, old.logp), (adv * mask / N).double())
     torch.testing.assert_close(signed_credit(grpo, inputs, rewards, old.logp), (adv * mask / (B * L)).double())
     w = 1 + 0.2 * (1 - old.logp.exp())
-    torch.testing.assert_close(signed_credit(dlogp, inputs, rewards, old.logp), (adv * w * mask / N).double(),
-                               rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(
+        signed_credit(dlogp, inputs, rewards, old.logp), (adv * w * mask / N).double(), rtol=1e-5, atol=1e-9
+    )
 
 
 def test_starts_resolve_against_the_runs_config():
@@ -264,10 +307,22 @@ def test_micro_end_to_end(micro_results, monkeypatch):
     rows = [m for m in res["methods"] if m["kind"] == "run" and m["policy"] == "rollout"]
     csv = paths.fmt(paths.TABLE_CSV, results=micro_results, scale="micro", paper="headtohead", table="main")
     csv.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{"row": m["label"], "run": m["name"], "column": "Claim vs DAPO", "unit": "pp vs dapo",
-                   "ours_mean": float("nan") if m["name"] == "dapo" else float(k), "ours_lo": k - 1.0,
-                   "ours_hi": k + 1.0, "p_adj": 1.0, "verdict": "reference" if m["name"] == "dapo" else "noise"}
-                  for k, m in enumerate(rows)]).to_csv(csv, index=False)
+    pd.DataFrame(
+        [
+            {
+                "row": m["label"],
+                "run": m["name"],
+                "column": "Claim vs DAPO",
+                "unit": "pp vs dapo",
+                "ours_mean": float("nan") if m["name"] == "dapo" else float(k),
+                "ours_lo": k - 1.0,
+                "ours_hi": k + 1.0,
+                "p_adj": 1.0,
+                "verdict": "reference" if m["name"] == "dapo" else "noise",
+            }
+            for k, m in enumerate(rows)
+        ]
+    ).to_csv(csv, index=False)
     gains = run_analysis(micro_results, plan, "headtohead", "fidelity_gains")
     assert gains["status"] == "built"
     studies = {s["fidelity"]: s for s in gains["studies"]}
@@ -277,8 +332,10 @@ def test_micro_end_to_end(micro_results, monkeypatch):
     x = [p["fidelity"] for p in mid["points"]]
     y = [p["gain"] for p in mid["points"]]
     assert mid["spearman"] == pytest.approx(spearmanr(x, y).statistic) and 0 < mid["p_spearman"] <= 1
-    assert json.loads(paths.fmt(paths.ANALYSIS_JSON, **(out | {"analysis": "fidelity_gains"})).read_text())[
-        "status"] == "built"
+    assert (
+        json.loads(paths.fmt(paths.ANALYSIS_JSON, **(out | {"analysis": "fidelity_gains"})).read_text())["status"]
+        == "built"
+    )
 
 
 def test_plan_refuses_at_paper_scale_with_the_reasons():

@@ -62,9 +62,7 @@ def evaluate_question(question: str) -> int:
     return ev(ast.parse(question, mode="eval").body)
 
 
-def check_problem(
-    question: str, answer: str, solution: str, n_ops: int, digits: int, max_value: int
-) -> None:
+def check_problem(question: str, answer: str, solution: str, n_ops: int, digits: int, max_value: int) -> None:
     """Assert the answer, every written step and the question/step correspondence are right."""
     assert answer == str(evaluate_question(question))
     assert solution.endswith(" \\boxed{" + answer + "}")
@@ -94,9 +92,7 @@ def check_record(rec: dict) -> None:
     """Validate a generated record and check its problem with the knobs stored in ``meta``."""
     validate_record(rec)
     meta = rec["meta"]
-    check_problem(
-        rec["question"], rec["answer"], rec["solution"], meta["n_ops"], meta["digits"], meta["max_value"]
-    )
+    check_problem(rec["question"], rec["answer"], rec["solution"], meta["n_ops"], meta["digits"], meta["max_value"])
 
 
 @pytest.fixture(scope="module")
@@ -377,7 +373,7 @@ def test_shipped_config_is_feasible_and_graded() -> None:
     cfg = yaml.safe_load((REPO / "configs" / "data" / "tiny_arith.yaml").read_text())
     arith = {name: spec for name, spec in cfg["suites"].items() if spec.get("format", "arith") == "arith"}
     assert cfg["template"] == "tiny" and set(arith) == {"easy", "medium", "hard", "ood"}  # transfer suites:
-    train_max_ops = cfg["train"]["n_ops"][1]                                             # test_tiny_transfer.py
+    train_max_ops = cfg["train"]["n_ops"][1]  # test_tiny_transfer.py
     assert cfg["suites"]["ood"]["n_ops"][0] > train_max_ops  # ood really is out of distribution
     for name, spec in {**arith, "val": cfg["val"], "train": cfg["train"]}.items():
         lo, hi = spec["n_ops"]

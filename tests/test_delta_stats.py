@@ -22,9 +22,14 @@ def _shard(B=6, T=7, d=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     mask = (torch.arange(T)[None] < torch.randint(3, T + 1, (B,), generator=g)[:, None]).float()
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 1.5])[:B]
-    return dict(responses=torch.randint(0, 50, (B, T), generator=g), mask=mask,
-                old_logp=-torch.rand(B, T, generator=g) * mask, advantages=adv,
-                hidden=torch.randn(B, T, d, generator=g), uids=[f"s{seed}-{i // 2}" for i in range(B)])
+    return dict(
+        responses=torch.randint(0, 50, (B, T), generator=g),
+        mask=mask,
+        old_logp=-torch.rand(B, T, generator=g) * mask,
+        advantages=adv,
+        hidden=torch.randn(B, T, d, generator=g),
+        uids=[f"s{seed}-{i // 2}" for i in range(B)],
+    )
 
 
 def _no_all_reduce(x):
@@ -38,8 +43,10 @@ def test_worker_credit_defaults_to_per_rank_statistics():
     default = plugin.verl_options(None)["credit_dp_stats"]
     assert default == "rank" and plugin.VERL_DEFAULTS["credit_dp_stats"] == "rank"
     shards = [_shard(seed=s) for s in (0, 1)]
-    for spec in ({"credit": [{"name": "delta"}], "seed": 0, "step": 1, "dp_stats": default},
-                 {"credit": [{"name": "delta"}], "seed": 0, "step": 1}):
+    for spec in (
+        {"credit": [{"name": "delta"}], "seed": 0, "step": 1, "dp_stats": default},
+        {"credit": [{"name": "delta"}], "seed": 0, "step": 1},
+    ):
         for rank, b in enumerate(shards):
             out = vworkers.worker_credit(spec, **b, entropy=None, reduce=_no_all_reduce, rank=rank)
             alone = delta_weights(b["responses"], b["mask"], b["old_logp"], b["advantages"], b["hidden"])
@@ -52,8 +59,9 @@ def test_unknown_statistics_option_is_refused():
     with pytest.raises(ValueError, match=r"credit_dp_stats='ranks'.*\['rank', 'global'\]"):
         plugin.verl_options({"verl": {"credit_dp_stats": "ranks"}})
     with pytest.raises(ValueError, match=r"dp_stats='pooled'.*\['rank', 'global'\]"):
-        vworkers.worker_credit({"credit": [{"name": "delta"}], "dp_stats": "pooled"}, **_shard(), entropy=None,
-                               reduce=_no_all_reduce)
+        vworkers.worker_credit(
+            {"credit": [{"name": "delta"}], "dp_stats": "pooled"}, **_shard(), entropy=None, reduce=_no_all_reduce
+        )
 
 
 def test_paper_scale_delta_runs_use_per_rank_statistics_and_one_ablation_pools_them():
@@ -62,8 +70,9 @@ def test_paper_scale_delta_runs_use_per_rank_statistics_and_one_ablation_pools_t
     the two rows would be one run), so no duplicate of `delta` is trained there."""
     plan = build_plan({"scale": "paper", "papers": ["delta"], "seeds": [0], "results": "r"}, validate=False)
     assert ("delta", "statistics") in plan.tables
-    assert plan.table_runs("delta", "statistics") == [plan.get("qwen3-8b-base", r, 0) for r in
-                                                        ("delta", "delta-global-stats")]
+    assert plan.table_runs("delta", "statistics") == [
+        plan.get("qwen3-8b-base", r, 0) for r in ("delta", "delta-global-stats")
+    ]
     want = {"delta": "rank", "delta-topk": "rank", "select-top": "rank", "delta-global-stats": "global"}
     for run, stats in want.items():
         cfg = run_config(plan.get("qwen3-8b-base", run, 0))

@@ -33,8 +33,16 @@ SDIST_ONLY = ("antlr4-python3-runtime", "connection-pool")
 """Pure-Python dependencies with no wheel on PyPI (hydra-core's antlr4 4.9.3; snakemake's connection-pool)."""
 
 UV_TIMEOUT_S = 90
-NETWORK_ERRORS = ("dns error", "error sending request", "Failed to fetch", "failed to lookup address",
-                  "Connection refused", "Request failed after", "operation timed out", "tcp connect error")
+NETWORK_ERRORS = (
+    "dns error",
+    "error sending request",
+    "Failed to fetch",
+    "failed to lookup address",
+    "Connection refused",
+    "Request failed after",
+    "operation timed out",
+    "tcp connect error",
+)
 
 
 def _norm(name: str) -> str:
@@ -66,16 +74,31 @@ def _compile(tmp_path: Path, platform: str, *extra: str) -> dict[str, str]:
     python, lines = _pip_list()
     reqs = tmp_path / "environment-pip.txt"
     reqs.write_text("\n".join(lines) + "\n")
-    cmd = [find_uv_bin(), "pip", "compile", str(reqs), "--python-platform", platform, "--python-version", python,
-           "--no-header", "--no-annotate", "--no-python-downloads", "--quiet", *extra]
+    cmd = [
+        find_uv_bin(),
+        "pip",
+        "compile",
+        str(reqs),
+        "--python-platform",
+        platform,
+        "--python-version",
+        python,
+        "--no-header",
+        "--no-annotate",
+        "--no-python-downloads",
+        "--quiet",
+        *extra,
+    ]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=UV_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"`uv pip compile` took over {UV_TIMEOUT_S} s (slow or unreachable PyPI?): {' '.join(cmd)}")
     if proc.returncode != 0:
         if any(e.lower() in proc.stderr.lower() for e in NETWORK_ERRORS):
-            pytest.fail("PyPI is unreachable: this test resolves environment.yml against the package index "
-                        f"with `uv pip compile` and needs network access to it.\nuv said:\n{proc.stderr[-3000:]}")
+            pytest.fail(
+                "PyPI is unreachable: this test resolves environment.yml against the package index "
+                f"with `uv pip compile` and needs network access to it.\nuv said:\n{proc.stderr[-3000:]}"
+            )
         pytest.fail(f"environment.yml does not resolve for {platform}, Python {python}:\n{proc.stderr[-6000:]}")
     pins: dict[str, str] = {}
     for line in proc.stdout.splitlines():
@@ -126,5 +149,11 @@ def _pyproject_pin(name: str) -> str:
     import tomllib
 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return next(str(s.version) for d in deps for r in [Requirement(d)] if _norm(r.name) == name
-                for s in r.specifier if s.operator == "==")
+    return next(
+        str(s.version)
+        for d in deps
+        for r in [Requirement(d)]
+        if _norm(r.name) == name
+        for s in r.specifier
+        if s.operator == "=="
+    )

@@ -30,8 +30,8 @@ from creditlab.decoding.extrapolation import (  # noqa: E402
     selective_generate,
     top_k_support,
 )
-from creditlab.lm.sampler import SamplingParams, choose_tokens, draw_uniforms, generate  # noqa: E402
 from creditlab.eval.evaluate import evaluate_model  # noqa: E402
+from creditlab.lm.sampler import SamplingParams, choose_tokens, draw_uniforms, generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 from creditlab.rewards import RewardScorer  # noqa: E402
 

@@ -14,21 +14,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from table_helpers import write_eval
 
 from creditlab.algos.batching import call_batching, groups_split_frac, keeps_groups_whole
 from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
 from creditlab.algos.credit.delta import delta_weights
 from creditlab.algos.credit.dlogp import dlogp_weights
 from creditlab.algos.registry import get
-from creditlab.plan import (CONFIG_DIR, PlanError, build_plan, check_registered, combination_overrides, compose,
-                            hydra_value, run_config)
 from creditlab.papers.load import parse_paper
+from creditlab.plan import (
+    CONFIG_DIR,
+    PlanError,
+    build_plan,
+    check_registered,
+    combination_overrides,
+    compose,
+    hydra_value,
+    run_config,
+)
 from creditlab.tables import ledger as L
 from creditlab.tables import stats as S
 from creditlab.tables.build import build_table
 from creditlab.tables.load import metrics_path, run_metrics_path
 from creditlab.tables.render import table_markdown
+from table_helpers import write_eval
 
 # ------------------------------------------------------------------------------------------- composition
 
@@ -39,9 +47,14 @@ def _inputs(B: int = 8, T: int = 6, d: int = 5, seed: int = 0) -> CreditInputs:
     mask[1, 4:] = 0
     mask[5, 2:] = 0
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.2, -0.7, 0.0, 0.3])[:B]
-    return CreditInputs(responses=torch.randint(0, 9, (B, T), generator=g), mask=mask,
-                        old_logp=-torch.rand(B, T, generator=g) * 3, advantages=adv,
-                        group_ids=torch.arange(B) // 4, hidden=torch.randn(B, T, d, generator=g))
+    return CreditInputs(
+        responses=torch.randint(0, 9, (B, T), generator=g),
+        mask=mask,
+        old_logp=-torch.rand(B, T, generator=g) * 3,
+        advantages=adv,
+        group_ids=torch.arange(B) // 4,
+        hidden=torch.randn(B, T, d, generator=g),
+    )
 
 
 def test_combined_run_config_multiplies_the_credit_functions():
@@ -71,11 +84,14 @@ def test_combination_takes_filters_too_and_keeps_the_base_loss():
     assert [c["name"] for c in cfg["method"]["credit"]] == ["delta"]
 
 
-@pytest.mark.parametrize("base,combine,match", [
-    ("dapo", ["sapo"], "no credit function or token filter"),   # SAPO's mechanism is its loss
-    ("delta", ["dapo"], "no credit function or token filter"),
-    ("dapo", ["delta"], None),
-])
+@pytest.mark.parametrize(
+    "base,combine,match",
+    [
+        ("dapo", ["sapo"], "no credit function or token filter"),  # SAPO's mechanism is its loss
+        ("delta", ["dapo"], "no credit function or token filter"),
+        ("dapo", ["delta"], None),
+    ],
+)
 def test_combining_a_loss_method_is_refused(base, combine, match):
     if match is None:
         assert combination_overrides("micro", "micro-s", base, combine)
@@ -105,16 +121,19 @@ def _cfg(method: str, over: list[str], combine: tuple[str, ...] = ()) -> dict:
     return compose("micro", "micro-s", method, [*extra, *over])
 
 
-@pytest.mark.parametrize("method,combine,over,rule", [
-    ("dapo", ("arca",), [], "reference_pass"),
-    ("dfpo", (), ["trainer.batching=random"], "whole_groups"),
-    ("grpo_fix", (), ["trainer.batching=token_balanced"], "whole_groups"),
-    ("dfpo", (), ["trainer.batching=sequential", "trainer.mini_batches=3"], "whole_groups"),  # 4 prompts / 3
-    ("dfpo", ("dlogp",), ["trainer.batching=query_preserved"], "rollout_weight_transform"),
-    ("dfpo", ("forking",), ["trainer.batching=query_preserved"], "rollout_weight_transform"),
-    ("gspo", ("forking",), [], "sequence_ratio_filter"),
-    ("dapo", (), ["trainer.batching=sign_partitioned", "trainer.reward_balance.enable=true"], "balanced_updates"),
-])
+@pytest.mark.parametrize(
+    "method,combine,over,rule",
+    [
+        ("dapo", ("arca",), [], "reference_pass"),
+        ("dfpo", (), ["trainer.batching=random"], "whole_groups"),
+        ("grpo_fix", (), ["trainer.batching=token_balanced"], "whole_groups"),
+        ("dfpo", (), ["trainer.batching=sequential", "trainer.mini_batches=3"], "whole_groups"),  # 4 prompts / 3
+        ("dfpo", ("dlogp",), ["trainer.batching=query_preserved"], "rollout_weight_transform"),
+        ("dfpo", ("forking",), ["trainer.batching=query_preserved"], "rollout_weight_transform"),
+        ("gspo", ("forking",), [], "sequence_ratio_filter"),
+        ("dapo", (), ["trainer.batching=sign_partitioned", "trainer.reward_balance.enable=true"], "balanced_updates"),
+    ],
+)
 def test_ill_defined_compositions_are_refused_with_their_reason(method, combine, over, rule):
     cfg = _cfg(method, over, combine)
     with pytest.raises(PlanError, match=rf"ill-defined composition: .*\[rule {rule}\]") as err:
@@ -122,15 +141,18 @@ def test_ill_defined_compositions_are_refused_with_their_reason(method, combine,
     assert "micro/micro-s/x/s0" in str(err.value)
 
 
-@pytest.mark.parametrize("method,combine,over", [
-    ("dapo", ("arca",), ["trainer.lora.enable=true"]),
-    ("dfpo", (), ["trainer.batching=query_preserved"]),
-    ("dfpo", (), ["trainer.batching=sequential", "trainer.mini_batches=2"]),
-    ("dfpo", ("dlogp",), ["trainer.batching=query_preserved", "method.loss_kwargs.transform=none"]),
-    ("grpo_fix", ("dlogp",), ["trainer.batching=query_preserved"]),
-    ("dfpo", (), ["trainer.batching=random", "trainer.mini_batches=1"]),
-    ("delta", ("dlogp",), ["trainer.batching=query_preserved", "trainer.reward_balance.enable=true"]),
-])
+@pytest.mark.parametrize(
+    "method,combine,over",
+    [
+        ("dapo", ("arca",), ["trainer.lora.enable=true"]),
+        ("dfpo", (), ["trainer.batching=query_preserved"]),
+        ("dfpo", (), ["trainer.batching=sequential", "trainer.mini_batches=2"]),
+        ("dfpo", ("dlogp",), ["trainer.batching=query_preserved", "method.loss_kwargs.transform=none"]),
+        ("grpo_fix", ("dlogp",), ["trainer.batching=query_preserved"]),
+        ("dfpo", (), ["trainer.batching=random", "trainer.mini_batches=1"]),
+        ("delta", ("dlogp",), ["trainer.batching=query_preserved", "trainer.reward_balance.enable=true"]),
+    ],
+)
 def test_well_defined_compositions_pass(method, combine, over):
     check_registered(_cfg(method, over, combine), "ok")
 
@@ -143,8 +165,9 @@ def test_the_trainer_refuses_what_the_plan_refuses(tmp_path):
         make_trainer("dfpo", tmp_path, ["trainer.batching=random", "trainer.mini_batches=2"])
 
 
-@pytest.mark.parametrize("name", ["random", "sequential", "token_balanced", "verl_default", "query_preserved",
-                                  "sign_partitioned"])
+@pytest.mark.parametrize(
+    "name", ["random", "sequential", "token_balanced", "verl_default", "query_preserved", "sign_partitioned"]
+)
 def test_keeps_groups_whole_agrees_with_the_batchings(name):
     """Where keeps_groups_whole says so, the batching never splits a group (and where it says not, it does for some
     batch): checked on the registered functions themselves."""
@@ -168,11 +191,15 @@ def test_a_paper_config_with_an_ill_defined_run_fails_the_plan(tmp_path):
     """At DAG build: the plan names the run and the rule (configs are validated before any job starts)."""
     cfg_dir = tmp_path / "configs"
     shutil.copytree(CONFIG_DIR, cfg_dir)
-    bad = (CONFIG_DIR / "papers" / "headtohead.yaml").read_text().replace(
-        "  dfpo-qb:                   # group-coupled loss: whole groups (QB) required\n"
-        "    method: dfpo\n",
-        "  dfpo-qb:                   # group-coupled loss: whole groups (QB) required\n"
-        "    method: dfpo\n    combine: [dlogp]\n")
+    bad = (
+        (CONFIG_DIR / "papers" / "headtohead.yaml")
+        .read_text()
+        .replace(
+            "  dfpo-qb:                   # group-coupled loss: whole groups (QB) required\n    method: dfpo\n",
+            "  dfpo-qb:                   # group-coupled loss: whole groups (QB) required\n"
+            "    method: dfpo\n    combine: [dlogp]\n",
+        )
+    )
     assert bad != (CONFIG_DIR / "papers" / "headtohead.yaml").read_text()
     (cfg_dir / "papers" / "headtohead.yaml").write_text(bad)
     with pytest.raises(PlanError, match=r"micro/micro-s/dfpo-qb/s0.*rule rollout_weight_transform"):
@@ -218,33 +245,40 @@ H2H = {
     "backbones": {"B": {"tiny": "tiny-s", "paper": "b"}},
     "benchmarks": {"E": {"tiny": "se", "paper": "e"}, "H": {"tiny": "sh", "paper": "h"}},
     "runs": {r: {"method": "dapo"} for r in ("dapo", "good", "same", "bad", "lora", "lora-good", "lora-same")},
-    "tables": {"main": {
-        "columns": [
-            {"name": "E", "benchmark": "E", "metric": "avg@k"},
-            {"name": "H", "benchmark": "H", "metric": "avg@k"},
-            {"name": "Avg", "average_of": ["E", "H"]},
-            {"name": "Cost", "metric": "step_time", "relative_to": "dapo", "relative": "ratio"},
-            {"name": "Claim", "metric": "versus", "of": "Avg", "relative_to": "dapo"},
-        ],
-        "rows": [
-            {"label": "DAPO", "backbone": "B", "run": "dapo"},
-            {"label": "Good", "backbone": "B", "run": "good"},
-            {"label": "Same", "backbone": "B", "run": "same"},
-            {"label": "Bad", "backbone": "B", "run": "bad"},
-            {"label": "LoRA", "backbone": "B", "run": "lora"},
-            {"label": "LoRA good", "backbone": "B", "run": "lora-good", "baseline": "lora"},
-            {"label": "LoRA same", "backbone": "B", "run": "lora-same", "baseline": "lora"},
-        ],
-    }},
+    "tables": {
+        "main": {
+            "columns": [
+                {"name": "E", "benchmark": "E", "metric": "avg@k"},
+                {"name": "H", "benchmark": "H", "metric": "avg@k"},
+                {"name": "Avg", "average_of": ["E", "H"]},
+                {"name": "Cost", "metric": "step_time", "relative_to": "dapo", "relative": "ratio"},
+                {"name": "Claim", "metric": "versus", "of": "Avg", "relative_to": "dapo"},
+            ],
+            "rows": [
+                {"label": "DAPO", "backbone": "B", "run": "dapo"},
+                {"label": "Good", "backbone": "B", "run": "good"},
+                {"label": "Same", "backbone": "B", "run": "same"},
+                {"label": "Bad", "backbone": "B", "run": "bad"},
+                {"label": "LoRA", "backbone": "B", "run": "lora"},
+                {"label": "LoRA good", "backbone": "B", "run": "lora-good", "baseline": "lora"},
+                {"label": "LoRA same", "backbone": "B", "run": "lora-same", "baseline": "lora"},
+            ],
+        }
+    },
     "figures": {"acc_cost": {"kind": "scatter", "table": "main", "x": "Cost", "y": "Avg"}},
 }
 _rng = np.random.default_rng(5)
 _BASE = _rng.integers(0, 3, size=N_Q)
 # correct samples out of K per question and seed
-COUNTS = {"dapo": lambda s: _BASE, "same": lambda s: _BASE[::-1].copy() if s == 0 else _BASE,
-          "good": lambda s: np.minimum(_BASE + 2, K), "bad": lambda s: np.maximum(_BASE - 2, 0),
-          "lora": lambda s: np.maximum(_BASE - 1, 0), "lora-good": lambda s: np.minimum(_BASE + 1, K),
-          "lora-same": lambda s: np.maximum(_BASE - 1, 0)}
+COUNTS = {
+    "dapo": lambda s: _BASE,
+    "same": lambda s: _BASE[::-1].copy() if s == 0 else _BASE,
+    "good": lambda s: np.minimum(_BASE + 2, K),
+    "bad": lambda s: np.maximum(_BASE - 2, 0),
+    "lora": lambda s: np.maximum(_BASE - 1, 0),
+    "lora-good": lambda s: np.minimum(_BASE + 1, K),
+    "lora-same": lambda s: np.maximum(_BASE - 1, 0),
+}
 SEEDS = [0, 1]
 
 
@@ -252,8 +286,15 @@ def _write(root: Path) -> None:
     for run, counts in COUNTS.items():
         for seed in SEEDS:
             c = counts(seed).tolist()
-            write_eval(metrics_path(root / "evals", "tiny-s", run, seed), {"se": c, "sh": c}, K,
-                       f"tiny/tiny-s/{run}/s{seed}", f"id-{run}-{seed}", f"cfg/{run}.yaml", greedy_above=1)
+            write_eval(
+                metrics_path(root / "evals", "tiny-s", run, seed),
+                {"se": c, "sh": c},
+                K,
+                f"tiny/tiny-s/{run}/s{seed}",
+                f"id-{run}-{seed}",
+                f"cfg/{run}.yaml",
+                greedy_above=1,
+            )
             rpath = run_metrics_path(root / "runs", "tiny-s", run, seed)
             rpath.parent.mkdir(parents=True, exist_ok=True)
             t = 2.0 if run.startswith("lora") else 1.0
@@ -290,8 +331,14 @@ def test_claims_column_verdicts_and_holm_family(built):
         res = [load_eval(root / "evals", "tiny-s", run, s) for s in SEEDS]
         return [100.0 * seed_matrix(res, s, f"avg@{K}") for s in ("se", "sh")]
 
-    pairs = [("Good", "good", "dapo"), ("Same", "same", "dapo"), ("Bad", "bad", "dapo"), ("LoRA", "lora", "dapo"),
-             ("LoRA good", "lora-good", "lora"), ("LoRA same", "lora-same", "lora")]
+    pairs = [
+        ("Good", "good", "dapo"),
+        ("Same", "same", "dapo"),
+        ("Bad", "bad", "dapo"),
+        ("LoRA", "lora", "dapo"),
+        ("LoRA good", "lora-good", "lora"),
+        ("LoRA same", "lora-same", "lora"),
+    ]
     stats = [S.paired_bootstrap_diff_suites(per_suite(r), per_suite(ref), alpha=0.025) for _, r, ref in pairs]
     p2 = [S.two_sided_p(st[3], st[4]) for st in stats]
     adj = S.holm(p2)
@@ -325,15 +372,32 @@ def test_accuracy_vs_cost_figure(built, tmp_path):
         assert im.width > 300 and im.height > 200
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda d: d["tables"]["main"]["columns"][4].pop("of"), "needs 'of'"),
-    (lambda d: d["tables"]["main"]["columns"][4].update(of="Cost"), "of"),
-    (lambda d: d["tables"]["main"]["columns"][4].update(weighting="count"), "takes no key 'weighting'"),
-    (lambda d: d["tables"]["main"]["rows"][5].update(baseline="nope"), "baseline"),
-    (lambda d: d["tables"]["main"]["columns"].append({"name": "X", "average_of": ["Claim"]}), "versus column"),
-    (lambda d: d.update(claims=[{"id": "c", "text": "t", "table": "main", "column": "Claim", "kind": "better",
-                                 "row": "Good", "over": ["DAPO"]}]), "versus column is itself"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda d: d["tables"]["main"]["columns"][4].pop("of"), "needs 'of'"),
+        (lambda d: d["tables"]["main"]["columns"][4].update(of="Cost"), "of"),
+        (lambda d: d["tables"]["main"]["columns"][4].update(weighting="count"), "takes no key 'weighting'"),
+        (lambda d: d["tables"]["main"]["rows"][5].update(baseline="nope"), "baseline"),
+        (lambda d: d["tables"]["main"]["columns"].append({"name": "X", "average_of": ["Claim"]}), "versus column"),
+        (
+            lambda d: d.update(
+                claims=[
+                    {
+                        "id": "c",
+                        "text": "t",
+                        "table": "main",
+                        "column": "Claim",
+                        "kind": "better",
+                        "row": "Good",
+                        "over": ["DAPO"],
+                    }
+                ]
+            ),
+            "versus column is itself",
+        ),
+    ],
+)
 def test_versus_column_validation(mutate, match):
     data = copy.deepcopy(H2H)
     mutate(data)

@@ -12,7 +12,6 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hub_fixtures import HUB, LAYOUT, fixture, fx, make_raw_dir
 
 from creditlab.data.dedupe import (
     ContaminationIndex,
@@ -36,6 +35,7 @@ from creditlab.data.verl_format import (
     write_verl_parquet,
 )
 from creditlab.engines.verl import reward as verl_reward
+from hub_fixtures import HUB, LAYOUT, fixture, fx, make_raw_dir
 
 MATH_NAMES = [n for n, d in HUB_DATASETS.items() if d.kind == "math"]
 
@@ -87,11 +87,12 @@ def test_registry_covers_the_spec_table():
 
 # name -> (question column, expected answers, expected ids)
 MAPPING = {
-    "deepmath": ("question", ["3", "\\dfrac{\\pi^2}{6}", "144", "3"],
-                 [f"deepmath/train/{i:06d}" for i in range(4)]),
-    "math500": ("problem", ["\\left( 3, \\frac{\\pi}{2} \\right)", "13", "4\\frac{2}{3}"],
-                ["math500/test/precalculus/807.json", "math500/test/algebra/1147.json",
-                 "math500/test/prealgebra/1024.json"]),
+    "deepmath": ("question", ["3", "\\dfrac{\\pi^2}{6}", "144", "3"], [f"deepmath/train/{i:06d}" for i in range(4)]),
+    "math500": (
+        "problem",
+        ["\\left( 3, \\frac{\\pi}{2} \\right)", "13", "4\\frac{2}{3}"],
+        ["math500/test/precalculus/807.json", "math500/test/algebra/1147.json", "math500/test/prealgebra/1024.json"],
+    ),
     "aime24": ("problem", ["144", "61"], ["aime24/60", "aime24/61"]),
     "aime25": ("problem", ["70", "26"], ["aime25/0", "aime25/1"]),
     "aime25-matharena": ("problem", ["70", "26"], ["aime25-matharena/1", "aime25-matharena/2"]),
@@ -123,7 +124,11 @@ def test_loader_field_mapping_and_provenance(name):
         assert rec["question"] == row[q_field].strip() and rec["source"] == name and rec["solution"] is None
         assert rec["split"] == ("train" if spec.role == "train" else name)
         assert {k: rec["meta"][k] for k in ("hub_id", "hub_split", "file", "row")} == {
-            "hub_id": spec.hub_id, "hub_split": spec.hub_split, "file": LAYOUT[name][0], "row": i}
+            "hub_id": spec.hub_id,
+            "hub_split": spec.hub_split,
+            "file": LAYOUT[name][0],
+            "row": i,
+        }
         json.dumps(rec["meta"])
     assert load_dataset(name, fixture(name), split="eval-x")[0]["split"] == "eval-x"
 
@@ -134,7 +139,9 @@ def test_loader_meta_keeps_the_useful_columns():
     assert "r1_solution_1" not in deep  # the long R1 solutions are dropped
     assert load_dataset("math500", fixture("math500"))[0]["meta"]["subject"] == "Precalculus"
     assert load_dataset("aime25-matharena", fixture("aime25-matharena"))[1]["meta"]["problem_type"] == [
-        "Geometry", "Combinatorics"]
+        "Geometry",
+        "Combinatorics",
+    ]
     ob = load_dataset("olympiadbench", fixture("olympiadbench"))[1]["meta"]
     assert ob["is_multiple_answer"] is True and ob["answer_type"] == "Numerical"
     assert load_dataset("math", fixture("math"))[0]["meta"]["level"] == "Level 1"
@@ -162,9 +169,11 @@ def test_dapo_chat_prompt_and_nested_ground_truth(tmp_path):
     rec = load_dataset("dapo-math-17k", [plain])[0]
     assert rec["question"] == "What is 1+1?" and rec["meta"]["dapo_wrapper"] is False
     # a re-export that reworded the wrapper (slime's "Answer: \\boxed{$Answer}") still loses it
-    reworded = ("Solve the following math problem step by step. The last line of your response should be of the "
-                "form Answer: \\boxed{$Answer} where $Answer is the answer to the problem.\n\nCompute $2+2$.\n\n"
-                'Remember to put your answer on its own line after "Answer:".')
+    reworded = (
+        "Solve the following math problem step by step. The last line of your response should be of the "
+        "form Answer: \\boxed{$Answer} where $Answer is the answer to the problem.\n\nCompute $2+2$.\n\n"
+        'Remember to put your answer on its own line after "Answer:".'
+    )
     rec = load_dataset("dapo-math-17k", [dict(rows[0], prompt=[{"role": "user", "content": reworded}])])[0]
     assert rec["question"] == "Compute $2+2$." and rec["meta"]["dapo_wrapper"] is True
     with pytest.raises(ValueError, match=r"<rows> row 0: missing field 'reward_model.ground_truth'"):
@@ -201,12 +210,26 @@ def test_answer_types_and_schema_variants():
         load_dataset("olympiadbench", [dict(fx.OLYMPIADBENCH[0], final_answer=[])])
 
 
-@pytest.mark.parametrize("name, field", [
-    ("deepmath", "final_answer"), ("deepmath", "question"), ("math500", "problem"), ("aime24", "answer"),
-    ("aime25", "problem"), ("amc23", "question"), ("minerva", "answer"), ("hmmt-feb-2025", "problem"),
-    ("brumo-2025", "answer"), ("math", "solution"), ("dapo-math-17k", "prompt"), ("dapo-math-17k", "reward_model"),
-    ("olympiadbench", "final_answer"), ("math500", "unique_id"), ("aime25-matharena", "problem_idx"),
-])
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("deepmath", "final_answer"),
+        ("deepmath", "question"),
+        ("math500", "problem"),
+        ("aime24", "answer"),
+        ("aime25", "problem"),
+        ("amc23", "question"),
+        ("minerva", "answer"),
+        ("hmmt-feb-2025", "problem"),
+        ("brumo-2025", "answer"),
+        ("math", "solution"),
+        ("dapo-math-17k", "prompt"),
+        ("dapo-math-17k", "reward_model"),
+        ("olympiadbench", "final_answer"),
+        ("math500", "unique_id"),
+        ("aime25-matharena", "problem_idx"),
+    ],
+)
 def test_missing_field_error_names_file_row_and_field(tmp_path, name, field):
     rows = [row for _, row in iter_hub_rows(fixture(name))]
     rows[1] = {k: v for k, v in rows[1].items() if k != field}
@@ -273,16 +296,40 @@ def test_dedupe_collapses_dapo_duplicates():
     kept, report = dedupe(records)
     assert [r["id"] for r in kept] == [f"dapo-math-17k/train/{i:06d}" for i in (0, 1, 3, 6, 8)]  # first copies
     assert [r["answer"] for r in kept] == ["84", "7", "15", "117", "4"]
-    assert {k: report[k] for k in ("n_in", "n_kept", "n_dropped", "exact_duplicates", "normalized_duplicates",
-                                   "answer_conflicts", "max_copies")} == {
-        "n_in": 11, "n_kept": 5, "n_dropped": 6, "exact_duplicates": 5, "normalized_duplicates": 1,
-        "answer_conflicts": 1, "max_copies": 4}
+    assert {
+        k: report[k]
+        for k in (
+            "n_in",
+            "n_kept",
+            "n_dropped",
+            "exact_duplicates",
+            "normalized_duplicates",
+            "answer_conflicts",
+            "max_copies",
+        )
+    } == {
+        "n_in": 11,
+        "n_kept": 5,
+        "n_dropped": 6,
+        "exact_duplicates": 5,
+        "normalized_duplicates": 1,
+        "answer_conflicts": 1,
+        "max_copies": 4,
+    }
     assert report["duplication_factor"] == 2.2
-    assert {"kept": "dapo-math-17k/train/000003", "dropped": "dapo-math-17k/train/000007",
-            "kind": "normalized"} in report["examples"]
-    assert report["conflict_examples"] == [{
-        "kept": "dapo-math-17k/train/000001", "dropped": "dapo-math-17k/train/000009",
-        "kept_answer": "7", "dropped_answer": "8"}]
+    assert {
+        "kept": "dapo-math-17k/train/000003",
+        "dropped": "dapo-math-17k/train/000007",
+        "kind": "normalized",
+    } in report["examples"]
+    assert report["conflict_examples"] == [
+        {
+            "kept": "dapo-math-17k/train/000001",
+            "dropped": "dapo-math-17k/train/000009",
+            "kept_answer": "7",
+            "dropped_answer": "8",
+        }
+    ]
 
 
 def test_dedupe_streams_a_100x_duplicated_set():
@@ -316,13 +363,18 @@ def test_contamination_exact_and_13gram(tmp_path):
     assert report["method"]["ngram"] == 13 and report["method"]["action"] == "drop"
     assert (report["n_train"], report["n_contaminated"], report["n_dropped"], report["n_kept"]) == (9, 2, 2, 7)
     assert "deepmath/train/000002" not in {r["id"] for r in kept} and "dapo-math-17k/train/000006" not in {
-        r["id"] for r in kept}
+        r["id"] for r in kept
+    }
     aime, math500, amc = (report["per_eval"][k] for k in ("aime24", "math500", "amc23"))
     counts = ("n_eval", "train_items", "by_exact", "by_ngram", "eval_items_hit")
     assert tuple(aime[k] for k in counts) == (2, 1, 1, 0, 1)
     assert aime["examples"][0]["train_id"] == "deepmath/train/000002"
-    assert aime["examples"][0]["hits"][0] == {"eval": "aime24", "eval_id": "aime24/60", "kind": "exact",
-                                              "shared_ngrams": 15}  # 27 words
+    assert aime["examples"][0]["hits"][0] == {
+        "eval": "aime24",
+        "eval_id": "aime24/60",
+        "kind": "exact",
+        "shared_ngrams": 15,
+    }  # 27 words
     assert (math500["train_items"], math500["by_exact"], math500["by_ngram"]) == (1, 0, 1)
     hit = math500["examples"][0]["hits"][0]
     assert hit["eval_id"] == "math500/test/algebra/1147.json" and hit["kind"] == "ngram" and hit["shared_ngrams"] == 8
@@ -387,10 +439,12 @@ def test_compute_score_routes_every_dataset_and_accepts_its_gold():
         assert verl_reward.data_source_kind(rec["source"]) == "math"
         extra = {"meta": json.dumps(rec["meta"])}
         response = f"So the answer is \\boxed{{{rec['answer']}}}."
-        gold = verl_reward.compute_score(data_source=rec["source"], solution_str=response,
-                                         ground_truth=rec["answer"], extra_info=extra)
-        wrong = verl_reward.compute_score(data_source=rec["source"], solution_str="\\boxed{999983}",
-                                          ground_truth=rec["answer"], extra_info=extra)
+        gold = verl_reward.compute_score(
+            data_source=rec["source"], solution_str=response, ground_truth=rec["answer"], extra_info=extra
+        )
+        wrong = verl_reward.compute_score(
+            data_source=rec["source"], solution_str="\\boxed{999983}", ground_truth=rec["answer"], extra_info=extra
+        )
         assert (gold, wrong) == (1.0, 0.0), rec["id"]
     for name, path in (("gpqa-diamond", HUB / "gpqa_diamond.jsonl"), ("mmlu-pro", fixture("mmlu-pro"))):
         for rec in load_dataset(name, path):
@@ -412,8 +466,10 @@ def test_verl_rlhf_dataset_reads_our_parquet(tmp_path, monkeypatch):
     path = write_verl_parquet(records, tmp_path / "train.parquet")
     prompts = [render_prompt(r["question"], "boxed") for r in records]
     tok = build_tokenizer([*prompts, "user: assistant:"])
-    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}assistant:{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     cfg = {"cache_dir": str(tmp_path / "verl-cache"), "filter_overlong_prompts_workers": 1, "truncation": "error"}
 
     big = RLHFDataset([str(path)], tok, OmegaConf.create({**cfg, "max_prompt_length": 4096}))
@@ -426,13 +482,22 @@ def test_verl_rlhf_dataset_reads_our_parquet(tmp_path, monkeypatch):
         assert sample["raw_prompt"] == [{"role": "user", "content": prompts[i]}]
         assert sample["extra_info"]["id"] == rec["id"]
         score = verl_reward.compute_score(
-            data_source=sample["data_source"], solution_str=f"\\boxed{{{rec['answer']}}}",
-            ground_truth=sample["reward_model"]["ground_truth"], extra_info=sample["extra_info"])
+            data_source=sample["data_source"],
+            solution_str=f"\\boxed{{{rec['answer']}}}",
+            ground_truth=sample["reward_model"]["ground_truth"],
+            extra_info=sample["extra_info"],
+        )
         assert score == 1.0, rec["id"]
 
     # the length filter runs the chat template over our prompt column
-    lengths = sorted(len(tok.apply_chat_template(
-        [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)["input_ids"]) for p in prompts)
+    lengths = sorted(
+        len(
+            tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+        for p in prompts
+    )
     cut = lengths[len(lengths) // 2]
     small = RLHFDataset([str(path)], tok, OmegaConf.create({**cfg, "max_prompt_length": cut}))
     assert len(small) == sum(n <= cut for n in lengths) < len(records)
@@ -445,8 +510,18 @@ CFG = {
     "name": "paper-fixture",
     "template": "boxed",
     "train": ["deepmath", {"dataset": "dapo-math-17k"}],
-    "eval": ["aime24", "aime25", "math500", "amc23", "minerva", "olympiadbench", "hmmt-feb-2025", "brumo-2025",
-             "gpqa-diamond", "livecodebench"],
+    "eval": [
+        "aime24",
+        "aime25",
+        "math500",
+        "amc23",
+        "minerva",
+        "olympiadbench",
+        "hmmt-feb-2025",
+        "brumo-2025",
+        "gpqa-diamond",
+        "livecodebench",
+    ],
     "val": {"n": 1, "seed": 0},
 }
 
@@ -464,9 +539,16 @@ def test_prepare_hub_end_to_end(tmp_path):
     assert report["contamination"]["per_eval"]["aime24"]["by_exact"] == 1
     assert report["contamination"]["per_eval"]["math500"]["by_ngram"] == 1
     assert report["sources"]["train"][1] == {
-        "dataset": "dapo-math-17k", "hub_id": "BytedTsinghua-SIA/DAPO-Math-17k", "hub_split": "train",
-        "files": ["BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"], "options": {}, "sample": None,
-        "rows": 11, "skipped": 0, "records": 5}
+        "dataset": "dapo-math-17k",
+        "hub_id": "BytedTsinghua-SIA/DAPO-Math-17k",
+        "hub_split": "train",
+        "files": ["BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"],
+        "options": {},
+        "sample": None,
+        "rows": 11,
+        "skipped": 0,
+        "records": 5,
+    }
     assert report["overlap"]["train"] == {s: 0 for s in CFG["eval"]}
     train = read_records(out / "train.parquet")
     val = read_records(out / "val.parquet")
@@ -491,8 +573,11 @@ def test_prepare_hub_flag_mode_options_and_limit(tmp_path):
     raw = make_raw_dir(tmp_path, ["deepmath", "dapo-math-17k", "math", "aime24", "math500"])
     cfg = {
         "name": "flagged",
-        "train": [{"dataset": "deepmath", "files": ["zwhe99/DeepMath-103K/data/train-00000-of-00010.parquet"]},
-                  "dapo-math-17k", {"dataset": "math", "options": {"skip_unboxed": True}}],
+        "train": [
+            {"dataset": "deepmath", "files": ["zwhe99/DeepMath-103K/data/train-00000-of-00010.parquet"]},
+            "dapo-math-17k",
+            {"dataset": "math", "options": {"skip_unboxed": True}},
+        ],
         "eval": {"aime-2024": "aime24", "math-500": {"dataset": "math500", "dir": "HuggingFaceH4/MATH-500"}},
         "contamination": {"action": "flag", "ngram": 13},
         "limit": 10,

@@ -11,21 +11,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from table_helpers import write_eval
 
 from creditlab.papers.load import parse_paper
 from creditlab.tables import ledger as L
 from creditlab.tables import stats as S
 from creditlab.tables.build import build_table
 from creditlab.tables.load import metrics_path, run_metrics_path
+from table_helpers import write_eval
 
 K = 8
 PAPER = {
     "paper": "tl",
     "title": "Ledger toy (test fixture)",
     "backbones": {"Small": {"tiny": "tiny-s", "paper": "small"}, "Large": {"tiny": "tiny-m", "paper": "large"}},
-    "benchmarks": {"A": {"tiny": "sa", "paper": "a"}, "B": {"tiny": "sb", "paper": "b"},
-                   "N": {"tiny": None, "paper": "n"}},
+    "benchmarks": {
+        "A": {"tiny": "sa", "paper": "a"},
+        "B": {"tiny": "sb", "paper": "b"},
+        "N": {"tiny": None, "paper": "n"},
+    },
     "runs": {"dapo": {"method": "dapo"}, "delta": {"method": "delta"}, "same": {"method": "dapo"}},
     "tables": {
         "main": {
@@ -46,30 +49,99 @@ PAPER = {
         },
     },
     "claims": [
-        {"id": "delta-beats-dapo", "text": "DelTA > DAPO", "table": "main", "column": "Avg", "kind": "better",
-         "backbone": "Small", "row": "DelTA", "over": ["DAPO"]},
-        {"id": "dapo-beats-delta", "text": "reversed", "table": "main", "column": "A", "kind": "better",
-         "backbone": "Small", "row": "DAPO", "over": ["DelTA"]},
-        {"id": "same", "text": "a tie", "table": "main", "column": "A", "kind": "better",
-         "backbone": "Small", "row": "Same", "over": ["DAPO"]},
-        {"id": "best", "text": "DelTA best", "table": "main", "column": "Avg", "kind": "best_of",
-         "backbone": "Small", "row": "DelTA", "over": ["DAPO", "Base"]},
-        {"id": "order", "text": "DelTA > DAPO > Base", "table": "main", "column": "A", "kind": "order",
-         "backbone": "Small", "rows": ["DelTA", "DAPO", "Base"]},
-        {"id": "between", "text": "DAPO in the middle", "table": "main", "column": "A", "kind": "between",
-         "backbone": "Small", "row": "DAPO", "over": ["Base"], "under": ["DelTA"]},
-        {"id": "faster", "text": "DAPO steps are faster", "table": "main", "column": "Step time (s)",
-         "kind": "better", "direction": "lower", "backbone": "Small", "row": "DAPO", "over": ["DelTA"]},
-        {"id": "no-standin", "text": "on N", "table": "main", "column": "N", "kind": "better",
-         "backbone": "Small", "row": "DelTA", "over": ["DAPO"]},
+        {
+            "id": "delta-beats-dapo",
+            "text": "DelTA > DAPO",
+            "table": "main",
+            "column": "Avg",
+            "kind": "better",
+            "backbone": "Small",
+            "row": "DelTA",
+            "over": ["DAPO"],
+        },
+        {
+            "id": "dapo-beats-delta",
+            "text": "reversed",
+            "table": "main",
+            "column": "A",
+            "kind": "better",
+            "backbone": "Small",
+            "row": "DAPO",
+            "over": ["DelTA"],
+        },
+        {
+            "id": "same",
+            "text": "a tie",
+            "table": "main",
+            "column": "A",
+            "kind": "better",
+            "backbone": "Small",
+            "row": "Same",
+            "over": ["DAPO"],
+        },
+        {
+            "id": "best",
+            "text": "DelTA best",
+            "table": "main",
+            "column": "Avg",
+            "kind": "best_of",
+            "backbone": "Small",
+            "row": "DelTA",
+            "over": ["DAPO", "Base"],
+        },
+        {
+            "id": "order",
+            "text": "DelTA > DAPO > Base",
+            "table": "main",
+            "column": "A",
+            "kind": "order",
+            "backbone": "Small",
+            "rows": ["DelTA", "DAPO", "Base"],
+        },
+        {
+            "id": "between",
+            "text": "DAPO in the middle",
+            "table": "main",
+            "column": "A",
+            "kind": "between",
+            "backbone": "Small",
+            "row": "DAPO",
+            "over": ["Base"],
+            "under": ["DelTA"],
+        },
+        {
+            "id": "faster",
+            "text": "DAPO steps are faster",
+            "table": "main",
+            "column": "Step time (s)",
+            "kind": "better",
+            "direction": "lower",
+            "backbone": "Small",
+            "row": "DAPO",
+            "over": ["DelTA"],
+        },
+        {
+            "id": "no-standin",
+            "text": "on N",
+            "table": "main",
+            "column": "N",
+            "kind": "better",
+            "backbone": "Small",
+            "row": "DelTA",
+            "over": ["DAPO"],
+        },
     ],
 }
 
 N_Q = 40
 # correct counts out of K per question: base < dapo < delta on every question; `same` = dapo
 _BASE = [i % 3 for i in range(N_Q)]
-COUNTS = {"base": _BASE, "dapo": [c + 2 for c in _BASE], "same": [c + 2 for c in _BASE],
-          "delta": [c + 4 for c in _BASE]}
+COUNTS = {
+    "base": _BASE,
+    "dapo": [c + 2 for c in _BASE],
+    "same": [c + 2 for c in _BASE],
+    "delta": [c + 4 for c in _BASE],
+}
 STEPS = {"dapo": [1.0, 1.1, 0.9, 1.0, 1.05, 0.95] * 3, "same": [1.0] * 6, "delta": [2.0, 2.1, 1.9, 2.0] * 3}
 
 
@@ -80,13 +152,19 @@ def _paper(data: dict | None = None):
 def _write(root: Path) -> None:
     for backbone in ("tiny-s", "tiny-m"):
         for run, c in COUNTS.items():
-            write_eval(metrics_path(root / "tiny" / "evals", backbone, run, 0), {"sa": c, "sb": c}, K,
-                       f"tiny/{backbone}/{run}/s0", f"id-{run}", f"cfg/{run}.yaml", greedy_above=3)
+            write_eval(
+                metrics_path(root / "tiny" / "evals", backbone, run, 0),
+                {"sa": c, "sb": c},
+                K,
+                f"tiny/{backbone}/{run}/s0",
+                f"id-{run}",
+                f"cfg/{run}.yaml",
+                greedy_above=3,
+            )
             if run != "base":
                 rpath = run_metrics_path(root / "tiny" / "runs", backbone, run, 0)
                 rpath.parent.mkdir(parents=True, exist_ok=True)
-                rpath.write_text("".join(json.dumps({"step": i, "t_step": t}) + "\n"
-                                         for i, t in enumerate(STEPS[run])))
+                rpath.write_text("".join(json.dumps({"step": i, "t_step": t}) + "\n" for i, t in enumerate(STEPS[run])))
 
 
 # ---------------------------------------------------------------------------------------- statistics
@@ -146,7 +224,8 @@ def test_seed_columns_are_resampled_with_the_questions():
     assert p == pytest.approx((1 + (boots <= 0).sum()) / 401) and p_rev == pytest.approx((1 + (boots >= 0).sum()) / 401)
     one = [x[:, :1] for x in a], [y[:, :1] for y in b]
     assert S.paired_bootstrap_diff_suites(*one, n_boot=300, seed=2)[:3] == pytest.approx(
-        S.paired_bootstrap_diff_suites([x[:, 0] for x in a], [y[:, 0] for y in b], n_boot=300, seed=2)[:3])
+        S.paired_bootstrap_diff_suites([x[:, 0] for x in a], [y[:, 0] for y in b], n_boot=300, seed=2)[:3]
+    )
     base = rng.random((200, 1)) * 0.01
     flips = base + np.array([[0.6, -0.5, 0.05]])  # seed 0: A far ahead, seed 1: far behind, seed 2: level
     per_seed = S.paired_bootstrap_diff_suites([flips], [np.repeat(base, 3, axis=1)], n_boot=2000, seed=0)
@@ -183,26 +262,37 @@ def test_holm_against_a_hand_computation():
 
 
 def test_verdict_strings():
-    assert L.VERDICTS == ("holds", "contradicted", "not resolved (noise)", "not testable at this scale",
-                          "not decidable (no matched x: the series' measured ranges do not overlap)")
+    assert L.VERDICTS == (
+        "holds",
+        "contradicted",
+        "not resolved (noise)",
+        "not testable at this scale",
+        "not decidable (no matched x: the series' measured ranges do not overlap)",
+    )
 
 
 # ---------------------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"kind": "greater"}, r"kind: unknown value 'greater'; choices: \['better', 'best_of', 'order', 'between', "
-                            r"'matched_order'\]"),
-    ({"column": "Nope"}, r"column: unknown value 'Nope'; choices: \['A', 'B', 'N', 'Avg', 'Step time \(s\)'\]"),
-    ({"table": "other"}, r"table: unknown value 'other'; choices: \['main'\]"),
-    ({"row": "PPO"}, r"row: unknown row 'PPO' in table 'main' on backbone 'Small'; choices: \['Base', 'DAPO'"),
-    ({"backbone": "Huge"}, r"backbone: unknown value 'Huge'; choices: \['Small', 'Large'\]"),
-    ({"rows": ["DelTA", "DAPO"]}, r"a better claim takes no 'rows'"),
-    ({"over": ["DAPO", "Base"]}, r"over: expected a list of 1 row labels"),
-    ({"over": ["DelTA"]}, r"compares a row with itself"),
-    ({"direction": "up"}, r"direction: unknown value 'up'; choices: \['higher', 'lower'\]"),
-    ({"colour": 1}, r"unknown key 'colour'; choices: \['id', 'text'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"kind": "greater"},
+            r"kind: unknown value 'greater'; choices: \['better', 'best_of', 'order', 'between', "
+            r"'matched_order'\]",
+        ),
+        ({"column": "Nope"}, r"column: unknown value 'Nope'; choices: \['A', 'B', 'N', 'Avg', 'Step time \(s\)'\]"),
+        ({"table": "other"}, r"table: unknown value 'other'; choices: \['main'\]"),
+        ({"row": "PPO"}, r"row: unknown row 'PPO' in table 'main' on backbone 'Small'; choices: \['Base', 'DAPO'"),
+        ({"backbone": "Huge"}, r"backbone: unknown value 'Huge'; choices: \['Small', 'Large'\]"),
+        ({"rows": ["DelTA", "DAPO"]}, r"a better claim takes no 'rows'"),
+        ({"over": ["DAPO", "Base"]}, r"over: expected a list of 1 row labels"),
+        ({"over": ["DelTA"]}, r"compares a row with itself"),
+        ({"direction": "up"}, r"direction: unknown value 'up'; choices: \['higher', 'lower'\]"),
+        ({"colour": 1}, r"unknown key 'colour'; choices: \['id', 'text'"),
+    ],
+)
 def test_claim_validation_names_the_key_and_choices(change, message):
     data = copy.deepcopy(PAPER)
     data["claims"] = [dict(data["claims"][0], **change)]
@@ -222,6 +312,7 @@ def test_a_label_on_several_backbones_needs_the_claims_backbone():
 
 def test_claims_in_the_paper_configs_are_valid():
     from creditlab.papers.load import load_paper
+
     root = Path(__file__).resolve().parents[1] / "configs" / "papers"
     for name in ("dlogp", "delta", "dfpo", "cancellation", "arca"):
         assert 2 <= len(load_paper(root / f"{name}.yaml").claims) <= 4
@@ -243,9 +334,16 @@ def test_ledger_from_synthetic_evaluations(tmp_path: Path):
     uri = f"sqlite:///{db}"
     df, results = L.build_ledger(paper, "tiny", [0], tables, evals, K, runs, uri)
     verdicts = {r.claim.id: r.verdict for r in results}
-    assert verdicts == {"delta-beats-dapo": S.HOLDS, "dapo-beats-delta": S.CONTRADICTED, "same": S.NOISE,
-                        "best": S.HOLDS, "order": S.HOLDS, "between": S.HOLDS, "faster": S.HOLDS,
-                        "no-standin": L.NOT_TESTABLE}
+    assert verdicts == {
+        "delta-beats-dapo": S.HOLDS,
+        "dapo-beats-delta": S.CONTRADICTED,
+        "same": S.NOISE,
+        "best": S.HOLDS,
+        "order": S.HOLDS,
+        "between": S.HOLDS,
+        "faster": S.HOLDS,
+        "no-standin": L.NOT_TESTABLE,
+    }
     by_id = {r.claim.id: r for r in results}
     assert by_id["delta-beats-dapo"].comparisons[0].diff == pytest.approx(100 * 2 / K)  # percentage points
     assert by_id["faster"].comparisons[0].diff == pytest.approx(1.0)  # lower is better: DelTA - DAPO seconds

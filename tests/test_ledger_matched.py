@@ -32,10 +32,18 @@ def _decode(criterion: str, threshold: float) -> dict:
 # thresholds favour KL (D1 30% at 2% replaced < K1 40% at 8%) while at matched rates (the common range 8-10%) Δlog p
 # is far ahead: D(8) = 55, D(10) = 60 vs K(8) = 40, K(10) = 43.3
 CURVES = {
-    "d1": (2.0, 30.0), "d2": (6.0, 50.0), "d3": (10.0, 60.0),
-    "k1": (8.0, 40.0), "k2": (14.0, 50.0), "k3": (20.0, 58.0),
-    "e1": (2.0, 30.0), "e2": (6.0, 50.0), "e3": (10.0, 60.0),  # Δlog p's curve (other questions' draws): a null
-    "f1": (20.0, 70.0), "f2": (30.0, 75.0), "f3": (40.0, 80.0),  # far right: no overlap with Δlog p
+    "d1": (2.0, 30.0),
+    "d2": (6.0, 50.0),
+    "d3": (10.0, 60.0),
+    "k1": (8.0, 40.0),
+    "k2": (14.0, 50.0),
+    "k3": (20.0, 58.0),
+    "e1": (2.0, 30.0),
+    "e2": (6.0, 50.0),
+    "e3": (10.0, 60.0),  # Δlog p's curve (other questions' draws): a null
+    "f1": (20.0, 70.0),
+    "f2": (30.0, 75.0),
+    "f3": (40.0, 80.0),  # far right: no overlap with Δlog p
 }
 PAPER = {
     "paper": "tm",
@@ -46,25 +54,68 @@ PAPER = {
     "decodes": {name: _decode("dlogp" if name[0] in "de" else "kl", i / 10) for i, name in enumerate(CURVES)},
     "tables": {
         "replacement": {
-            "columns": [{"name": "Acc", "benchmark": "A", "metric": "avg@k"},
-                        {"name": "Replaced", "benchmark": "A", "metric": "replacement_rate"}],
+            "columns": [
+                {"name": "Acc", "benchmark": "A", "metric": "avg@k"},
+                {"name": "Replaced", "benchmark": "A", "metric": "replacement_rate"},
+            ],
             "rows": [{"label": "RL", "backbone": "Big", "run": "rl"}]
-                    + [{"label": name.upper(), "backbone": "Big", "run": "rl", "decode": name} for name in CURVES],
+            + [{"label": name.upper(), "backbone": "Big", "run": "rl", "decode": name} for name in CURVES],
         },
     },
     "claims": [
-        {"id": "matched", "text": "D > K at matched rates", "table": "replacement", "column": "Acc",
-         "kind": "matched_order", "x": "Replaced", "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"]}},
-        {"id": "first", "text": "D > K at the first thresholds", "table": "replacement", "column": "Acc",
-         "kind": "order", "rows": ["D1", "K1"]},
-        {"id": "reversed", "text": "K > D", "table": "replacement", "column": "Acc", "kind": "matched_order",
-         "x": "Replaced", "series": {"K": ["K1", "K2", "K3"], "D": ["D1", "D2", "D3"]}},
-        {"id": "null", "text": "D > its copy", "table": "replacement", "column": "Acc", "kind": "matched_order",
-         "x": "Replaced", "series": {"D": ["D1", "D2", "D3"], "E": ["E1", "E2", "E3"]}},
-        {"id": "apart", "text": "D > F", "table": "replacement", "column": "Acc", "kind": "matched_order",
-         "x": "Replaced", "series": {"D": ["D1", "D2", "D3"], "F": ["F1", "F2", "F3"]}},
-        {"id": "three", "text": "D > K > F", "table": "replacement", "column": "Acc", "kind": "matched_order",
-         "x": "Replaced", "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"], "F": ["F1", "F2", "F3"]}},
+        {
+            "id": "matched",
+            "text": "D > K at matched rates",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"]},
+        },
+        {
+            "id": "first",
+            "text": "D > K at the first thresholds",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "order",
+            "rows": ["D1", "K1"],
+        },
+        {
+            "id": "reversed",
+            "text": "K > D",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"K": ["K1", "K2", "K3"], "D": ["D1", "D2", "D3"]},
+        },
+        {
+            "id": "null",
+            "text": "D > its copy",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"D": ["D1", "D2", "D3"], "E": ["E1", "E2", "E3"]},
+        },
+        {
+            "id": "apart",
+            "text": "D > F",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"D": ["D1", "D2", "D3"], "F": ["F1", "F2", "F3"]},
+        },
+        {
+            "id": "three",
+            "text": "D > K > F",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"], "F": ["F1", "F2", "F3"]},
+        },
     ],
 }
 
@@ -91,11 +142,24 @@ def _write(root: Path, seeds=(0, 1)) -> Path:
             tokens = [1000] * N_Q
             wobble = rng.integers(-3, 4, N_Q)  # per-question rates around the series' rate (mean kept)
             resampled = [int(round(rate * 10)) + int(w - wobble.mean().round()) if decode else 0 for w in wobble]
-            pq = {"ids": [f"a-{i}" for i in range(N_Q)], "greedy": [x > K // 2 for x in c], "n": K, "c": c,
-                  "tokens": tokens, "resampled": resampled}
-            data = {"suites": {"sa": {"n_questions": N_Q, "k": K, "metrics": {}, "per_question": pq}}, "k": K,
-                    "provenance": {"run_key": f"tiny/tiny-s/rl/s{seed}", "mlflow_run_id": "", "commit": "abc",
-                                   "config": "cfg.yaml"}}
+            pq = {
+                "ids": [f"a-{i}" for i in range(N_Q)],
+                "greedy": [x > K // 2 for x in c],
+                "n": K,
+                "c": c,
+                "tokens": tokens,
+                "resampled": resampled,
+            }
+            data = {
+                "suites": {"sa": {"n_questions": N_Q, "k": K, "metrics": {}, "per_question": pq}},
+                "k": K,
+                "provenance": {
+                    "run_key": f"tiny/tiny-s/rl/s{seed}",
+                    "mlflow_run_id": "",
+                    "commit": "abc",
+                    "config": "cfg.yaml",
+                },
+            }
             path = metrics_path(evals, "tiny-s", "rl", seed, decode)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data))
@@ -166,9 +230,17 @@ def test_matched_rates_decide_where_the_first_thresholds_mislead(tmp_path: Path)
 
 def test_two_links_are_holm_corrected(tmp_path: Path):
     data = copy.deepcopy(PAPER)
-    data["claims"] = [{"id": "chain", "text": "D > E-shifted > K", "table": "replacement", "column": "Acc",
-                       "kind": "matched_order", "x": "Replaced",
-                       "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"], "E": ["E1", "E2", "E3"]}}]
+    data["claims"] = [
+        {
+            "id": "chain",
+            "text": "D > E-shifted > K",
+            "table": "replacement",
+            "column": "Acc",
+            "kind": "matched_order",
+            "x": "Replaced",
+            "series": {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"], "E": ["E1", "E2", "E3"]},
+        }
+    ]
     evals = _write(tmp_path)
     paper = parse_paper(data, "tm.yaml")
     (claim,) = paper.claims
@@ -192,14 +264,17 @@ def test_the_ledger_reports_matched_claims(tmp_path: Path):
 # ---------------------------------------------------------------------------------------- validation, the paper
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"series": {"D": ["D1", "D2"]}}, r"series: expected a mapping of at least 2 series"),
-    ({"series": {"D": ["D1"], "K": ["D1"]}}, r"series\.K\[0\]: row 'D1' is already in series 'D'"),
-    ({"series": {"D": ["D1"], "K": []}}, r"series\.K: expected a non-empty list"),
-    ({"series": {"D": ["D1"], "K": ["RL"]}}, r"row 'RL' has no test-time decoding"),
-    ({"x": "Acc"}, r"x: unknown value 'Acc'; choices: \['Replaced'\]"),
-    ({"rows": ["D1", "K1"]}, r"a matched_order claim takes no 'rows'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"series": {"D": ["D1", "D2"]}}, r"series: expected a mapping of at least 2 series"),
+        ({"series": {"D": ["D1"], "K": ["D1"]}}, r"series\.K\[0\]: row 'D1' is already in series 'D'"),
+        ({"series": {"D": ["D1"], "K": []}}, r"series\.K: expected a non-empty list"),
+        ({"series": {"D": ["D1"], "K": ["RL"]}}, r"row 'RL' has no test-time decoding"),
+        ({"x": "Acc"}, r"x: unknown value 'Acc'; choices: \['Replaced'\]"),
+        ({"rows": ["D1", "K1"]}, r"a matched_order claim takes no 'rows'"),
+    ],
+)
 def test_matched_claim_validation(change, message):
     data = copy.deepcopy(PAPER)
     data["claims"] = [dict(data["claims"][0], **change)]

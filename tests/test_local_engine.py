@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from creditlab.lm.batch import pack, response_forward
 from creditlab.algos.shaping import overlong_penalty
 from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda
+from creditlab.lm.batch import pack, response_forward
 from creditlab.models.tiny import build_model
 
-ARCH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-            intermediate_size=64)
+ARCH = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +67,13 @@ def test_lr_schedule():
 
 def test_dynamic_sampling_keeps_only_groups_with_differing_scores():
     G = 2
+
     def ro(scores, gid0):
         n = len(scores)
-        return Rollouts([[1]] * n, [[2]] * n, [True] * n, scores, [s - 0.1 for s in scores],
-                        [gid0 + i // G for i in range(n)])
+        return Rollouts(
+            [[1]] * n, [[2]] * n, [True] * n, scores, [s - 0.1 for s in scores], [gid0 + i // G for i in range(n)]
+        )
+
     f = _Filtered()
     f.add_informative(ro([1.0, 0.0, 1.0, 1.0, 0.0, 0.0], 0), G)  # only group 0 informative
     assert f.n_groups(G) == 1

@@ -18,7 +18,6 @@ def _trainer(method, tmp_path, overrides=(), backbone="micro-s"):
     """conftest.make_trainer's micro Trainer (scores alternate 0/1) on ``backbone``, plus an untouched copy
     of its base model (the Trainer wraps the one it gets in place)."""
     from conftest import _RandomScorer
-
     from creditlab.data.synthetic import generate_split
     from creditlab.data.tokenizer import build_tokenizer
     from creditlab.engines.local.trainer import Trainer
@@ -92,14 +91,25 @@ def test_only_the_adapter_trains(tmp_path):
             assert torch.equal(p, before[n]), n
 
 
-@pytest.mark.parametrize("method, control, extra", [("arca_uniform", False, 0), ("arca_surprisal", False, 0),
-                                                     ("arca_entropy", False, 0), ("arca", False, 1),
-                                                     ("arca_divergence", False, 1), ("arca", True, 2)])
+@pytest.mark.parametrize(
+    "method, control, extra",
+    [
+        ("arca_uniform", False, 0),
+        ("arca_surprisal", False, 0),
+        ("arca_entropy", False, 0),
+        ("arca", False, 1),
+        ("arca_divergence", False, 1),
+        ("arca", True, 2),
+    ],
+)
 def test_reference_forwards_per_step(method, control, extra, tmp_path):
     """learn() = 1 old forward + the update forwards, + ONE adapter-disabled forward for ARCA / divergence
     (both inputs from the same pass), + one more (adapter on, random) for the random control."""
-    t, _ = _trainer(method, tmp_path, [f"trainer.lora.random_control={str(control).lower()}",
-                                       "trainer.lora.reference_pass=when_needed"])
+    t, _ = _trainer(
+        method,
+        tmp_path,
+        [f"trainer.lora.random_control={str(control).lower()}", "trainer.lora.reference_pass=when_needed"],
+    )
     ro, _ = t.collect(0)
     calls = _count_forwards(t)
     m = t.learn(0, ro)
@@ -132,8 +142,15 @@ def test_arca_weights_leave_uniform_once_the_adapter_is_trained(tmp_path):
     assert 0 < m1["arca_residual_mean"] <= m1["arca_residual_max"]
     assert m1["weight_gini"] > 1e-3 and m1["eff_token_ratio"] < 1 - 1e-4
     assert 0 < m1["arca_residual_gini"] < 1 and 0 < m1["random_residual_gini"] < 1
-    for k in ("weight_gini", "eff_token_ratio", "arca_residual_mean", "arca_residual_max", "t_ref_forward",
-              "arca_residual_gini", "random_residual_gini"):
+    for k in (
+        "weight_gini",
+        "eff_token_ratio",
+        "arca_residual_mean",
+        "arca_residual_max",
+        "t_ref_forward",
+        "arca_residual_gini",
+        "random_residual_gini",
+    ):
         assert k in m1
 
 

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from creditlab.rewards import registry
 from creditlab.data.hub_loaders import (
     StrictStrUnpickler,
     decode_private_test_cases,
@@ -29,6 +28,7 @@ from creditlab.data.hub_loaders import (
 )
 from creditlab.data.schema import validate_record
 from creditlab.engines.verl import reward as verl_reward
+from creditlab.rewards import registry
 from creditlab.rewards.multiple_choice import (
     MULTIPLE_CHOICE_SPEC,
     extract_choice,
@@ -224,8 +224,7 @@ def test_gpqa_loader_field_mapping():
         # the gold letter points at the (stripped) correct answer text
         assert meta["options"]["ABCD".index(rec["answer"])] == row["Correct Answer"].strip()
         assert sorted(meta["options"]) == sorted(
-            row[k].strip()
-            for k in ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+            row[k].strip() for k in ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
         )
         assert rec["question"].startswith(row["Question"].strip() + "\n\nA) ")
         assert rec["question"].endswith("\nD) " + meta["options"][3])
@@ -293,8 +292,10 @@ def test_livecodebench_v6_window_and_mapping():
         assert rec["meta"]["num_public_tests"] == len(public)
         assert rec["meta"]["num_private_tests"] == len(private)
         functional_keys = {"input", "output", "testtype", "func_name"}
-        assert all(set(t) == (functional_keys if t["testtype"] == "functional" else functional_keys - {"func_name"})
-                   for t in tests)
+        assert all(
+            set(t) == (functional_keys if t["testtype"] == "functional" else functional_keys - {"func_name"})
+            for t in tests
+        )
         assert rec["meta"]["starter_code"] == row["starter_code"]
         assert rec["meta"]["contest_date"] == row["contest_date"]
     stdin, functional = records
@@ -307,8 +308,10 @@ def test_livecodebench_v6_window_and_mapping():
     from creditlab.rewards.code.reward import judge_code_exec
 
     assert {t.func_name for t in parse_tests(functional["answer"])[0]} == {"maxPairSum"}
-    solution = ("from typing import List\nclass Solution:\n    def maxPairSum(self, nums: List[int]) -> int:\n"
-                "        a = sorted(nums)\n        return a[-1] + a[-2]\n")
+    solution = (
+        "from typing import List\nclass Solution:\n    def maxPairSum(self, nums: List[int]) -> int:\n"
+        "        a = sorted(nums)\n        return a[-1] + a[-2]\n"
+    )
     assert judge_code_exec(solution, functional["answer"]) == 1.0
     assert judge_code_exec(solution.replace("a[-2]", "a[0]"), functional["answer"]) == 0.0
     assert judge_code_exec("a, b = map(int, input().split())\nprint(a + b)\n", stdin["answer"]) == 1.0
@@ -419,8 +422,10 @@ def test_verl_compute_score_dispatches_code_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "creditlab.rewards.code.reward", fake)
     monkeypatch.setattr(creditlab.rewards.code, "reward", fake, raising=False)
     score = verl_reward.compute_score(
-        data_source="livecodebench", solution_str="```python\nclass Solution: ...\n```",
-        ground_truth=rec["answer"], extra_info={"meta": rec["meta"]},
+        data_source="livecodebench",
+        solution_str="```python\nclass Solution: ...\n```",
+        ground_truth=rec["answer"],
+        extra_info={"meta": rec["meta"]},
     )
     assert score == 1.0
     assert seen["gold"] == rec["answer"] and seen["func_name"] == "maxPairSum"

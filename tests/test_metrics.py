@@ -46,9 +46,7 @@ def test_pass_at_k_is_stable_for_large_n() -> None:
     assert value == pytest.approx(0.5, abs=1e-9)
 
 
-@pytest.mark.parametrize(
-    "n, c, k", [(4, 1, 5), (4, 5, 2), (-1, 0, 1), (4, -1, 1), (4, 1, -2), (4, 1, 0), (4.5, 1, 1)]
-)
+@pytest.mark.parametrize("n, c, k", [(4, 1, 5), (4, 5, 2), (-1, 0, 1), (4, -1, 1), (4, 1, -2), (4, 1, 0), (4.5, 1, 1)])
 def test_pass_at_k_rejects_invalid_arguments(n, c, k) -> None:
     with pytest.raises(ValueError):
         pass_at_k(n, c, k)

@@ -107,8 +107,7 @@ def test_the_sampler_stops_on_any_of_several_stop_tokens():
         assert cut == (full if k is None else full[: k + 1]) and done == (k is not None)
     assert stopped.response_ids[0][-1] == first
     single = generate(model, prompts, max_new_tokens=12, eos_id=2, pad_id=0, seed=3)
-    assert single.response_ids == generate(model, prompts, max_new_tokens=12, eos_id=[2], pad_id=0,
-                                           seed=3).response_ids
+    assert single.response_ids == generate(model, prompts, max_new_tokens=12, eos_id=[2], pad_id=0, seed=3).response_ids
 
 
 # ------------------------------------------------------------------------------------------------ a smoke world
@@ -137,12 +136,13 @@ def smoke_world(tmp_path_factory):
     final = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)  # stale weights, on purpose: the
     final.save_pretrained(run_dir / "final")  # trained start must take the checkpoint's fp32 masters over them
     AutoTokenizer.from_pretrained(str(base)).save_pretrained(run_dir / "final")
-    (run_dir / "DONE").write_text(json.dumps({"run_key": f"smoke/{BACKBONE}/{RUN}/s0", "engine": "verl",
-                                              "steps_done": 2, "steps_requested": 2}))
+    (run_dir / "DONE").write_text(
+        json.dumps({"run_key": f"smoke/{BACKBONE}/{RUN}/s0", "engine": "verl", "steps_done": 2, "steps_requested": 2})
+    )
     return {"results": results, "base": base, "step_dir": step_dir, "reference": torch.load(reference)}
 
 
-WRITER = r'''
+WRITER = r"""
 import json, os, sys
 import torch
 import torch.distributed as dist
@@ -180,7 +180,7 @@ if rank == 0:
     json.dump({"FSDP_version": 2, "world_size": ws}, open(f"{actor}/fsdp_config.json", "w"))
     torch.save({"weights": full, "moments": moments}, reference)
 dist.destroy_process_group()
-'''
+"""
 
 
 def _write_fsdp2_checkpoint(base: Path, step_dir: Path, reference: Path, ranks: int = 2) -> None:
@@ -190,11 +190,23 @@ def _write_fsdp2_checkpoint(base: Path, step_dir: Path, reference: Path, ranks: 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
-           "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(base), str(step_dir / "actor"), str(reference)],
-                              env=env | {"RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(ranks)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(ranks),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(base), str(step_dir / "actor"), str(reference)],
+            env=env | {"RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(ranks)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
 
@@ -216,12 +228,17 @@ def test_prompts_are_rendered_as_verls_rollout_renders_them(smoke_world):
     src = run_sources(run, run_config(run), results)
     tok = src.load_tokenizer()
     records = src.load_records()
-    rows = {r["extra_info"]["id"]: r for r in read_verl_parquet(paths.fmt(
-        paths.VERL_TRAIN, dataset="dapo_math_17k", **_fill(results, "smoke")))}
+    rows = {
+        r["extra_info"]["id"]: r
+        for r in read_verl_parquet(paths.fmt(paths.VERL_TRAIN, dataset="dapo_math_17k", **_fill(results, "smoke")))
+    }
     assert records and {r["id"] for r in records} == set(rows)
     for rec, ids in zip(records, src.encode(tok, records)):
-        verl_ids = normalize_token_ids(apply_chat_template(tok, rows[rec["id"]]["prompt"], tokenize=True,
-                                                           add_generation_prompt=True, **src.chat_kwargs))
+        verl_ids = normalize_token_ids(
+            apply_chat_template(
+                tok, rows[rec["id"]]["prompt"], tokenize=True, add_generation_prompt=True, **src.chat_kwargs
+            )
+        )
         assert ids == verl_ids
         assert tok.decode(ids).startswith("<|im_start|>user\n") and tok.decode(ids).endswith("<|im_start|>assistant\n")
     assert src.stop_ids(tok) == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
@@ -237,9 +254,17 @@ def test_verls_fsdp2_checkpoint_puts_the_local_trainer_in_the_runs_final_state(s
     src = run_sources(run, cfg, smoke_world["results"])
     tok = src.load_tokenizer()
     records = src.load_records()
-    trainer = Trainer(cfg | {"device": "cpu"}, src.load_model("trained", dtype=torch.float32), tok, records, None,
-                      smoke_world["results"] / "unused", progress=False, prompt_ids=src.encode(tok, records),
-                      stop_ids=src.stop_ids(tok))
+    trainer = Trainer(
+        cfg | {"device": "cpu"},
+        src.load_model("trained", dtype=torch.float32),
+        tok,
+        records,
+        None,
+        smoke_world["results"] / "unused",
+        progress=False,
+        prompt_ids=src.encode(tok, records),
+        stop_ids=src.stop_ids(tok),
+    )
     info = load_verl_train_state(trainer, smoke_world["step_dir"])
     ref = smoke_world["reference"]
     named = dict(trainer.model.named_parameters())
@@ -270,8 +295,17 @@ def test_a_verl_checkpoint_of_another_model_is_refused(smoke_world, tmp_path):
     tok = src.load_tokenizer()
     model = src.load_model("base", dtype=torch.float32)
     model.model.layers = model.model.layers[:1]  # a model with fewer parameters than verl's actor
-    trainer = Trainer(cfg | {"device": "cpu"}, model, tok, [{"answer": "1"}], None, tmp_path, progress=False,
-                      prompt_ids=[[1, 2]], stop_ids=[2])
+    trainer = Trainer(
+        cfg | {"device": "cpu"},
+        model,
+        tok,
+        [{"answer": "1"}],
+        None,
+        tmp_path,
+        progress=False,
+        prompt_ids=[[1, 2]],
+        stop_ids=[2],
+    )
     with pytest.raises(ValueError, match="not this model's full-parameter actor"):
         load_verl_train_state(trainer, smoke_world["step_dir"])
     with pytest.raises(FileNotFoundError, match="no FSDP shards"):
@@ -314,8 +348,24 @@ def test_diagnose_at_smoke_scale_reads_the_snapshot_and_the_merged_model(smoke_w
     from creditlab import cli
 
     results = smoke_world["results"]
-    cli.main(["--results", str(results), "--scale", "smoke", "--papers", "all", "--quiet", "diagnose", "--backbone",
-              BACKBONE, "--run", RUN, "--seed", "0"])
+    cli.main(
+        [
+            "--results",
+            str(results),
+            "--scale",
+            "smoke",
+            "--papers",
+            "all",
+            "--quiet",
+            "diagnose",
+            "--backbone",
+            BACKBONE,
+            "--run",
+            RUN,
+            "--seed",
+            "0",
+        ]
+    )
     png = paths.fmt(paths.DIAG_PNG, **_fill(results, "smoke"))
     out = json.loads(png.with_suffix(".json").read_text())
     assert png.is_file() and out["prompts"] == "chat template"
@@ -325,5 +375,20 @@ def test_diagnose_at_smoke_scale_reads_the_snapshot_and_the_merged_model(smoke_w
         assert out["stats"][source]["dlogp"]["n"] > 0
     base_run = next(r for r in _plan("smoke").runs.values() if not r.trains)
     with pytest.raises(SystemExit, match="compares a trained run with its base model"):
-        cli.main(["--results", str(results), "--scale", "smoke", "--papers", "all", "diagnose", "--backbone",
-                  base_run.backbone, "--run", base_run.run, "--seed", "0"])
+        cli.main(
+            [
+                "--results",
+                str(results),
+                "--scale",
+                "smoke",
+                "--papers",
+                "all",
+                "diagnose",
+                "--backbone",
+                base_run.backbone,
+                "--run",
+                base_run.run,
+                "--seed",
+                "0",
+            ]
+        )

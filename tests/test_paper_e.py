@@ -88,9 +88,11 @@ def test_aggregation_row_weights_match_aggregate(agg):
     mask[2] = 0.0  # an empty row
     n = aggregation_row_weights(mask, agg)
     B, L = mask.shape[0], mask.sum(-1)
-    want = {"token-mean": torch.where(L > 0, 1 / mask.sum(), 0.0),
-            "seq-mean-token-mean": torch.where(L > 0, 1 / (B * L.clamp(min=1)), 0.0),
-            "seq-mean-token-sum": torch.where(L > 0, torch.full_like(L, 1 / B), 0.0)}[agg]
+    want = {
+        "token-mean": torch.where(L > 0, 1 / mask.sum(), 0.0),
+        "seq-mean-token-mean": torch.where(L > 0, 1 / (B * L.clamp(min=1)), 0.0),
+        "seq-mean-token-sum": torch.where(L > 0, torch.full_like(L, 1 / B), 0.0),
+    }[agg]
     torch.testing.assert_close(n, want)
     if agg == "token-mean":
         want50 = torch.where(L > 0, 1 / 50.0, 0.0).to(D)
@@ -158,8 +160,9 @@ def test_dfpo_transformed_weights_cancel_in_every_group(transform, weight, eps):
     # seq_ratio: shifts around GSPO's trust region (min_replace zeroes a group with a clipped rollout)
     for seed in range(3):
         logp, old, adv, mask, gid, A = _groups(10 + seed, shift=1e-3 if weight == "seq_ratio" else 0.3)
-        c, parts = dfpo_weights(logp, old, adv, mask, gid, weight=weight, transform=transform,
-                                eps_low=eps[0], eps_high=eps[1])
+        c, parts = dfpo_weights(
+            logp, old, adv, mask, gid, weight=weight, transform=transform, eps_low=eps[0], eps_high=eps[1]
+        )
         torch.testing.assert_close(parts["adv"], A)
         coef = group_coefficients(A, c, gid)
         scale = (A.abs() * parts["w"].abs()).sum()
@@ -176,8 +179,18 @@ def test_dfpo_transformed_weights_cancel_in_every_group(transform, weight, eps):
                 a, w = A[sel], parts["w"][sel]
                 torch.testing.assert_close(c[sel], w - (a @ w) / (a @ a) * a)
         # ... and the real gradient: dL/dlogp_{i,t} = -A_i c_i on valid tokens, so sum_i mean_t g_{i,t} = 0
-        gcoef = loss_token_coefficients(dfpo_loss, logp, old, adv, mask, group_ids=gid, weight=weight,
-                                        transform=transform, eps_low=eps[0], eps_high=eps[1])
+        gcoef = loss_token_coefficients(
+            dfpo_loss,
+            logp,
+            old,
+            adv,
+            mask,
+            group_ids=gid,
+            weight=weight,
+            transform=transform,
+            eps_low=eps[0],
+            eps_high=eps[1],
+        )
         torch.testing.assert_close(gcoef, -A[:, None] * c[:, None] * mask)
         res = cancellation_residual(gcoef, torch.zeros_like(mask, dtype=torch.long), mask, gid, adv=A)
         assert res["group_coef"].abs().max() <= 1e-12 * gcoef.abs().sum()
@@ -226,8 +239,9 @@ def test_shared_tokens_match_a_direct_reading():
         for t in range(T):
             if mask[i, t] > 0:
                 occ[int(gid[i]), int(tok[i, t])].add(i)
-    want = torch.tensor([[mask[i, t] > 0 and len(occ[int(gid[i]), int(tok[i, t])]) >= 2 for t in range(T)]
-                         for i in range(B)])
+    want = torch.tensor(
+        [[mask[i, t] > 0 and len(occ[int(gid[i]), int(tok[i, t])]) >= 2 for t in range(T)] for i in range(B)]
+    )
     assert torch.equal(st.shared, want) and 0 < int(want.sum()) < int((mask > 0).sum())
     assert len(st.key_group) == len(occ) and st.n_groups == 3 and (st.key[mask == 0] == -1).all()
     groups = gid.unique().tolist()
@@ -237,7 +251,7 @@ def test_shared_tokens_match_a_direct_reading():
                 k = int(st.key[i, t])
                 assert groups[int(st.key_group[k])] == int(gid[i])
                 assert int(st.key_rollouts[k]) == len(occ[int(gid[i]), int(tok[i, t])])
-                same = (st.key == k)
+                same = st.key == k
                 assert torch.equal(same, (gid[:, None] == gid[i]) & (tok == tok[i, t]) & (mask > 0))
     # a token repeated inside one rollout is not shared; the same id in another group does not count
     one = shared_tokens(torch.tensor([[4, 4, 1], [2, 3, 1], [4, 5, 6]]), torch.ones(3, 3), torch.tensor([0, 0, 1]))
@@ -299,8 +313,9 @@ def test_grpo_fix_prunes_a_shared_token_at_every_occurrence_in_its_group():
 
 def test_grpo_fix_without_clipping_is_grpo():
     logp, old, adv, mask, gid, _ = _groups(7, shift=0.02)
-    g_fix = loss_token_coefficients(grpo_fix_loss, logp, old, adv, mask, group_ids=gid,
-                                    responses=_tokens(3, mask.shape, 5))
+    g_fix = loss_token_coefficients(
+        grpo_fix_loss, logp, old, adv, mask, group_ids=gid, responses=_tokens(3, mask.shape, 5)
+    )
     g_grpo = loss_token_coefficients(_grpo, logp, old, adv, mask)
     torch.testing.assert_close(g_fix, g_grpo)
 
@@ -376,11 +391,17 @@ def test_grpo_with_group_constant_weights_has_zero_residual():
 def test_asymmetric_clipping_breaks_cancellation_and_the_fixes_restore_it():
     logp, old, adv, mask, gid, tok, A = _shared_example(permute=False)
     res = {}
-    for name, fn, kw in [("grpo", _grpo, {}), ("gspo", gspo_loss, {}),
-                         ("grpo_fix", grpo_fix_loss, {"group_ids": gid, "responses": tok}),
-                         ("dfpo_project", dfpo_loss, {"group_ids": gid, "transform": "project"}),
-                         ("dfpo_min", dfpo_loss, {"group_ids": gid, "transform": "min_replace", "weight": "token_mean",
-                                                  "eps_low": 0.2, "eps_high": 0.2})]:
+    for name, fn, kw in [
+        ("grpo", _grpo, {}),
+        ("gspo", gspo_loss, {}),
+        ("grpo_fix", grpo_fix_loss, {"group_ids": gid, "responses": tok}),
+        ("dfpo_project", dfpo_loss, {"group_ids": gid, "transform": "project"}),
+        (
+            "dfpo_min",
+            dfpo_loss,
+            {"group_ids": gid, "transform": "min_replace", "weight": "token_mean", "eps_low": 0.2, "eps_high": 0.2},
+        ),
+    ]:
         g = loss_token_coefficients(fn, logp, old, adv, mask, **kw)
         assert g.abs().sum() > 0, name
         res[name] = cancellation_residual(g, tok, mask, gid, adv=A)["rel_residual"]
@@ -392,8 +413,18 @@ def test_asymmetric_clipping_breaks_cancellation_and_the_fixes_restore_it():
     g = loss_token_coefficients(grpo_fix_loss, logp, old, adv, mask, group_ids=gid, responses=tok)
     assert g.abs().sum() > 0 and cancellation_residual(g, tok, mask, gid)["rel_residual"] < 1e-12
     for transform in ("project", "min_replace"):
-        g = loss_token_coefficients(dfpo_loss, logp, old, adv, mask, group_ids=gid, transform=transform,
-                                    weight="token_mean", eps_low=0.2, eps_high=0.2)
+        g = loss_token_coefficients(
+            dfpo_loss,
+            logp,
+            old,
+            adv,
+            mask,
+            group_ids=gid,
+            transform=transform,
+            weight="token_mean",
+            eps_low=0.2,
+            eps_high=0.2,
+        )
         assert cancellation_residual(g, tok, mask, gid)["rel_residual"] < 1e-12
     g = loss_token_coefficients(_grpo, logp, old, adv, mask)
     assert cancellation_residual(g, tok, mask, gid)["rel_residual"] > 0.01
@@ -407,14 +438,15 @@ def test_the_length_normaliser_must_be_inside_the_transformed_weight():
     lens = torch.tensor([2, 5, 3, 6])
     T = 6
     mask = (torch.arange(T)[None, :] < lens[:, None]).to(D)
-    tok = (torch.arange(1, 4 * T + 1).reshape(4, T))  # all distinct...
+    tok = torch.arange(1, 4 * T + 1).reshape(4, T)  # all distinct...
     tok[:, 0] = 0  # ...but token 0, shared
     old = -torch.ones(4, T, dtype=D)
     adv = A[:, None].expand(4, T).clone()
     rel = {}
     for nin in (True, False):
-        g = loss_token_coefficients(dfpo_loss, old, old, adv, mask, group_ids=gid, transform="project",
-                                    norm_in_weight=nin)
+        g = loss_token_coefficients(
+            dfpo_loss, old, old, adv, mask, group_ids=gid, transform="project", norm_in_weight=nin
+        )
         rel[nin] = cancellation_residual(g, tok, mask, gid)["rel_residual"]
     g = loss_token_coefficients(_grpo, old, old, adv, mask)
     assert rel[True] < 1e-12 and rel[False] > 0.01
@@ -426,8 +458,12 @@ def test_losses_tolerate_empty_rows_and_float32():
     mask[3] = 0.0
     f = torch.float32
     tok = _tokens(4, mask.shape, 6)
-    for name, kw in [("gspo", {}), ("grpo_fix", {"group_ids": gid, "responses": tok}), ("dfpo", {"group_ids": gid}),
-                     ("dfpo", {"group_ids": gid, "transform": "min_replace"})]:
+    for name, kw in [
+        ("gspo", {}),
+        ("grpo_fix", {"group_ids": gid, "responses": tok}),
+        ("dfpo", {"group_ids": gid}),
+        ("dfpo", {"group_ids": gid, "transform": "min_replace"}),
+    ]:
         lp = logp.to(f).requires_grad_(True)
         loss, stats = registry.get("policy_loss", name)(lp, old.to(f), adv.to(f), mask.to(f), **kw)
         loss.backward()
@@ -451,10 +487,17 @@ def test_method_configs_compose_and_are_registered():
         fn = registry.get("policy_loss", loss_name)
         params = inspect.signature(fn).parameters
         assert set(m["loss_kwargs"]) <= {p for p, v in params.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
-        kw = dict(m["loss_kwargs"]) | ({"group_ids": gid} if "group_ids" in params else {}) | \
-            ({"responses": _tokens(5, mask.shape, 6)} if "responses" in params else {})
+        kw = (
+            dict(m["loss_kwargs"])
+            | ({"group_ids": gid} if "group_ids" in params else {})
+            | ({"responses": _tokens(5, mask.shape, 6)} if "responses" in params else {})
+        )
         loss, _ = fn(logp.clone().requires_grad_(True), old, adv, mask, **kw)
         assert torch.isfinite(loss)
     assert compose(scale="micro", backbone="micro-s", method="gspo")["method"]["loss_kwargs"] == {
-        "eps_low": 3e-4, "eps_high": 4e-4, "max_log_ratio": 10.0, "agg": "seq-mean-token-mean"}  # no dapo leak
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+        "max_log_ratio": 10.0,
+        "agg": "seq-mean-token-mean",
+    }  # no dapo leak
     assert compose(scale="micro", backbone="micro-s", method="grpo")["method"]["loss_kwargs"] == GRPO_KW

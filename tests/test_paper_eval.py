@@ -31,24 +31,25 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hub_fixtures import HUB, fixture  # noqa: E402
-
 from creditlab import paths  # noqa: E402
 from creditlab.data.hub_registry import load_dataset  # noqa: E402
 from creditlab.data.io import write_records  # noqa: E402
 from creditlab.data.schema import render_record_prompt  # noqa: E402
 from creditlab.data.tokenizer import build_tokenizer  # noqa: E402
-from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
 from creditlab.eval.evaluate import GREEDY_SAMPLE, encode_prompts  # noqa: E402
 from creditlab.jobs.evaluate import evaluate_run, evaluate_suites  # noqa: E402
+from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 from creditlab.plan import CONFIG_DIR, build_plan, run_config  # noqa: E402
+from hub_fixtures import HUB, fixture  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 """Qwen's chat format (ChatML), the template of the papers' backbones."""
 ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
             intermediate_size=128, max_position_embeddings=4096, tie_word_embeddings=False)  # fmt: skip
@@ -58,7 +59,7 @@ KINDS = {"aime25": "math_verify", "gpqa-diamond": "multiple_choice", "livecodebe
 LCB_SOLUTIONS = {  # a right program per LiveCodeBench fixture problem (stdin and functional)
     "abc395_a": "a, b = map(int, input().split())\nprint(a + b)\n",
     "3801": "from typing import List\nclass Solution:\n    def maxPairSum(self, nums: List[int]) -> int:\n"
-            "        a = sorted(nums)\n        return a[-1] + a[-2]\n",
+    "        a = sorted(nums)\n        return a[-1] + a[-2]\n",
 }
 
 
@@ -205,6 +206,7 @@ def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
             texts = [(_right if right else _wrong)(by_prompt[tuple(p)]) for p in prompt_ids]
             responses = [tok(t, add_special_tokens=False)["input_ids"] + [w["im_end"]] for t in texts]
             return Generation([list(p) for p in prompt_ids], responses, [True] * len(responses)), {}
+
         return fn
 
     for right in (True, False):

@@ -30,8 +30,12 @@ verl = pytest.importorskip("verl")
 VERL_CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 PAPERS = ["dlogp", "delta", "dfpo", "cancellation", "arca"]
 PIPE = {"scale": "paper", "papers": PAPERS, "seeds": [0], "results": "results"}
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-                 "qwen3_next": "Qwen3NextForCausalLM"}
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +47,17 @@ def _run_cfg(composer, run):
     """A run's resolved config as `run_config` makes it, composed with the planner's CachedComposer (equal: tested)."""
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(composer.compose(run_args(run.scale, run.backbone, run.method, run.overrides,
-                                                           run.seed)), resolve=True)
+    cfg = OmegaConf.to_container(
+        composer.compose(run_args(run.scale, run.backbone, run.method, run.overrides, run.seed)), resolve=True
+    )
     check_registered(cfg, run.key)
-    cfg["run"] = {"name": run.run, "key": run.key, "experiment": run.experiment, "papers": list(run.papers),
-                  "tables": list(run.tables)}
+    cfg["run"] = {
+        "name": run.run,
+        "key": run.key,
+        "experiment": run.experiment,
+        "papers": list(run.papers),
+        "tables": list(run.tables),
+    }
     return cfg
 
 
@@ -77,14 +87,20 @@ def test_paper_scale_plans_every_table_of_the_five_papers(paper_plan):
 
 def test_paper_hyperparameters_reach_the_run_configs(paper_plan):
     """SPEC's numbers per paper, as the jobs resolve them (run_config: the full Hydra composition)."""
+
     def cfg(backbone, run, seed=0):
         return run_config(paper_plan.get(backbone, run, seed))
 
     a7, a8 = cfg("qwen2.5-math-7b", "dlogp-ds-a0.2"), cfg("qwen3-8b-base", "dlogp-ds-a0.1")
     t = a7["trainer"]
     assert (t["prompts_per_step"], t["group_size"], t["prompts_per_step"] // t["mini_batches"]) == (512, 16, 32)
-    assert (t["lr"], t["lr_warmup_steps"], t["weight_decay"], t["grad_clip"], t["dynamic_sampling"]) == \
-        (1e-6, 10, 0.1, 1.0, True)
+    assert (t["lr"], t["lr_warmup_steps"], t["weight_decay"], t["grad_clip"], t["dynamic_sampling"]) == (
+        1e-6,
+        10,
+        0.1,
+        1.0,
+        True,
+    )
     assert (t["max_new_tokens"], a8["trainer"]["max_new_tokens"], t["overlong"]["buffer"]) == (8192, 20480, 4096)
     assert a7["method"]["credit"][0]["alpha"] == 0.2 and a8["method"]["credit"][0]["alpha"] == 0.1
     assert (a7["eval"]["k"], a7["eval"]["max_new_tokens"], a7["eval"]["top_p"]) == (32, 20000, 0.7)
@@ -93,8 +109,10 @@ def test_paper_hyperparameters_reach_the_run_configs(paper_plan):
     b8, b14, bf = cfg("qwen3-8b-base", "delta"), cfg("qwen3-14b-base", "delta"), cfg("qwen3-8b-base", "fipo")
     t = b8["trainer"]
     assert b8["data"]["name"] == "deepmath_103k" and (t["prompts_per_step"], t["group_size"]) == (128, 16)
-    assert t["prompts_per_step"] // t["mini_batches"] == 32 and bf["trainer"]["prompts_per_step"] // \
-        bf["trainer"]["mini_batches"] == 64
+    assert (
+        t["prompts_per_step"] // t["mini_batches"] == 32
+        and bf["trainer"]["prompts_per_step"] // bf["trainer"]["mini_batches"] == 64
+    )
     assert (t["max_prompt_tokens"], t["max_new_tokens"], t["dynamic_sampling"], t["epochs"]) == (2048, 20480, False, 2)
     assert (t["steps"], b14["trainer"]["steps"]) == (220, 300)
     assert (b8["eval"]["k"], b8["eval"]["max_new_tokens"]) == (16, 30000)
@@ -109,8 +127,13 @@ def test_paper_hyperparameters_reach_the_run_configs(paper_plan):
     d = cfg("qwen3-1.7b-base", "arca-r16", 1337)
     t = d["trainer"]
     assert d["data"]["name"] == "math_lighteval" and (t["steps"], t["prompts_per_step"], t["group_size"]) == (100, 8, 4)
-    assert (t["lr"], t["weight_decay"], t["lr_warmup_steps"], t["lr_schedule"], t["top_p"]) == \
-        (5e-6, 0.0, 10, "cosine", 0.95)
+    assert (t["lr"], t["weight_decay"], t["lr_warmup_steps"], t["lr_schedule"], t["top_p"]) == (
+        5e-6,
+        0.0,
+        10,
+        "cosine",
+        0.95,
+    )
     assert (t["lora"]["enable"], t["lora"]["rank"], t["max_prompt_tokens"], t["max_new_tokens"]) == (True, 16, 512, 512)
     assert d["model"]["verl"]["n_gpus_per_node"] == 1 and d["eval"]["k"] == 4
 
@@ -133,17 +156,29 @@ def test_tiny_and_micro_runs_are_unchanged_by_paper_settings():
 
 SO_PAPER = {
     "paper": "so",
-    "backbones": {"Small": {"tiny": "tiny-s", "paper": "qwen3-1.7b-base"},
-                  "Big": {"tiny": "tiny-m", "paper": "qwen3-4b-base"}},
+    "backbones": {
+        "Small": {"tiny": "tiny-s", "paper": "qwen3-1.7b-base"},
+        "Big": {"tiny": "tiny-m", "paper": "qwen3-4b-base"},
+    },
     "benchmarks": {"A": {"tiny": "medium", "paper": "aime24"}},
-    "scale_overrides": {"paper": {"*": ["trainer.lr=2.0e-6", "trainer.group_size=8"],
-                                  "Big": ["trainer.steps=7"]}},
-    "runs": {"r": {"method": "dapo", "overrides": ["trainer.group_size=4"],
-                   "scale_overrides": {"paper": ["trainer.lr=3.0e-6"]}}},
-    "tables": {"t": {"columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"}],
-                     "rows": [{"label": "x", "backbone": "Small", "run": "r"},
-                              {"label": "x", "backbone": "Big", "run": "r"},
-                              {"label": "b", "backbone": "Big", "run": "base"}]}},
+    "scale_overrides": {"paper": {"*": ["trainer.lr=2.0e-6", "trainer.group_size=8"], "Big": ["trainer.steps=7"]}},
+    "runs": {
+        "r": {
+            "method": "dapo",
+            "overrides": ["trainer.group_size=4"],
+            "scale_overrides": {"paper": ["trainer.lr=3.0e-6"]},
+        }
+    },
+    "tables": {
+        "t": {
+            "columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"}],
+            "rows": [
+                {"label": "x", "backbone": "Small", "run": "r"},
+                {"label": "x", "backbone": "Big", "run": "r"},
+                {"label": "b", "backbone": "Big", "run": "base"},
+            ],
+        }
+    },
 }
 
 
@@ -163,26 +198,37 @@ def test_scale_overrides_order_and_validation(tmp_path):
     cfg_dir = _with_paper(tmp_path, SO_PAPER)
     plan = build_plan({"scale": "paper", "papers": ["so"], "seeds": [0], "results": "r"}, cfg_dir)
     big = plan.get("qwen3-4b-base", "r", 0)
-    assert big.overrides == ("trainer.lr=2.0e-6", "trainer.group_size=8", "trainer.steps=7", "trainer.group_size=4",
-                             "trainer.lr=3.0e-6")
+    assert big.overrides == (
+        "trainer.lr=2.0e-6",
+        "trainer.group_size=8",
+        "trainer.steps=7",
+        "trainer.group_size=4",
+        "trainer.lr=3.0e-6",
+    )
     t = run_config(big, cfg_dir)["trainer"]
     assert (t["lr"], t["group_size"], t["steps"]) == (3e-6, 4, 7)
-    assert plan.get("qwen3-4b-base", BASE_RUN, 0).overrides == ("trainer.lr=2.0e-6", "trainer.group_size=8",
-                                                                 "trainer.steps=7")
-    assert build_plan({"scale": "tiny", "papers": ["so"], "seeds": [0], "results": "r"}, cfg_dir,
-                      validate=False).get("tiny-m", "r", 0).overrides == ("trainer.group_size=4",)
+    assert plan.get("qwen3-4b-base", BASE_RUN, 0).overrides == (
+        "trainer.lr=2.0e-6",
+        "trainer.group_size=8",
+        "trainer.steps=7",
+    )
+    assert build_plan({"scale": "tiny", "papers": ["so"], "seeds": [0], "results": "r"}, cfg_dir, validate=False).get(
+        "tiny-m", "r", 0
+    ).overrides == ("trainer.group_size=4",)
     for bad, needle in [
-            ({"scale_overrides": {"huge": {"*": ["a=1"]}}}, r"scale_overrides\.huge.*choices: \['paper', 'tiny'\]"),
-            ({"scale_overrides": {"paper": {"Nope": ["a=1"]}}}, r"scale_overrides\.paper\.Nope.*'\*', 'Small'"),
-            ({"scale_overrides": {"paper": {"*": ["novalue"]}}}, r"scale_overrides\.paper\.\*\[0\].*key=value")]:
+        ({"scale_overrides": {"huge": {"*": ["a=1"]}}}, r"scale_overrides\.huge.*choices: \['paper', 'tiny'\]"),
+        ({"scale_overrides": {"paper": {"Nope": ["a=1"]}}}, r"scale_overrides\.paper\.Nope.*'\*', 'Small'"),
+        ({"scale_overrides": {"paper": {"*": ["novalue"]}}}, r"scale_overrides\.paper\.\*\[0\].*key=value"),
+    ]:
         with pytest.raises(ValueError, match=needle):
             parse_paper(SO_PAPER | bad, "so.yaml")
     with pytest.raises(ValueError, match=r"runs\.r\.scale_overrides\.huge"):
         parse_paper(SO_PAPER | {"runs": {"r": {"method": "dapo", "scale_overrides": {"huge": ["a=1"]}}}}, "so.yaml")
     bad_key = SO_PAPER | {"scale_overrides": {"paper": {"*": ["trainer.nope=1"]}}}
     with pytest.raises(PlanError, match=r"trainer\.nope"):
-        build_plan({"scale": "paper", "papers": ["so"], "seeds": [0], "results": "r"},
-                   _with_paper(tmp_path / "b", bad_key))
+        build_plan(
+            {"scale": "paper", "papers": ["so"], "seeds": [0], "results": "r"}, _with_paper(tmp_path / "b", bad_key)
+        )
 
 
 def test_cached_composer_equals_hydra_compose(paper_plan):
@@ -192,19 +238,26 @@ def test_cached_composer_equals_hydra_compose(paper_plan):
     from omegaconf import OmegaConf
 
     tiny = build_plan({"scale": "micro", "papers": PAPERS, "seeds": [0], "results": "r"}, validate=False)
-    sample = [r for r in paper_plan.runs.values() if r.run in ("dlogp-ds-a0.1", "delta-topk", "arca-r4", "dfpo-g16")
-              and r.seed in (0, 1337)] + [r for r in tiny.runs.values() if r.run in ("delta-topk", "arca-r4", "qb-rb")]
+    sample = [
+        r
+        for r in paper_plan.runs.values()
+        if r.run in ("dlogp-ds-a0.1", "delta-topk", "arca-r4", "dfpo-g16") and r.seed in (0, 1337)
+    ] + [r for r in tiny.runs.values() if r.run in ("delta-topk", "arca-r4", "qb-rb")]
     assert len(sample) == 9
     with CachedComposer(CONFIG_DIR, "run") as fast:
-        got = [OmegaConf.to_container(fast.compose(run_args(r.scale, r.backbone, r.method, r.overrides, r.seed)))
-               for r in sample]
+        got = [
+            OmegaConf.to_container(fast.compose(run_args(r.scale, r.backbone, r.method, r.overrides, r.seed)))
+            for r in sample
+        ]
         with pytest.raises(HydraException, match="Could not override 'trainer.nope'"):
             fast.compose(["scale=paper", "model=qwen3-8b-base", "trainer.nope=1"])
         with pytest.raises(HydraException, match="nope"):
             fast.compose(["scale=paper", "method=nope"])
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        want = [OmegaConf.to_container(compose("run", run_args(r.scale, r.backbone, r.method, r.overrides, r.seed)))
-                for r in sample]
+        want = [
+            OmegaConf.to_container(compose("run", run_args(r.scale, r.backbone, r.method, r.overrides, r.seed)))
+            for r in sample
+        ]
     assert got == want
 
 
@@ -232,13 +285,21 @@ def _kv(argv):
 
 def test_verl_command_builds_the_launch(a_run_cfg, tmp_path):
     rp = launch.RunPaths.of(a_run_cfg, tmp_path / "results", model_path="/models/qwen3-8b-base")
-    argv, env = launch.verl_command(a_run_cfg, rp, mlflow_run_id="r" * 32, tracking_uri="http://mlflow:5000",
-                                    python="/env/bin/python", num_cpus=32,
-                                    plugin_overrides=lambda cfg: ["actor_rollout_ref.actor.policy_loss.loss_mode=x",
-                                                                  "trainer.save_freq=5"])
+    argv, env = launch.verl_command(
+        a_run_cfg,
+        rp,
+        mlflow_run_id="r" * 32,
+        tracking_uri="http://mlflow:5000",
+        python="/env/bin/python",
+        num_cpus=32,
+        plugin_overrides=lambda cfg: ["actor_rollout_ref.actor.policy_loss.loss_mode=x", "trainer.save_freq=5"],
+    )
     assert argv[:3] == ["/env/bin/python", "-m", "creditlab.engines.verl.main"]
-    assert env == {"VERL_USE_EXTERNAL_MODULES": "creditlab.engines.verl.plugin", "MLFLOW_RUN_ID": "r" * 32,
-                   "MLFLOW_TRACKING_URI": "http://mlflow:5000"}
+    assert env == {
+        "VERL_USE_EXTERNAL_MODULES": "creditlab.engines.verl.plugin",
+        "MLFLOW_RUN_ID": "r" * 32,
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+    }
     kv = _kv(argv)
     root = (tmp_path / "results").resolve()
     assert kv["trainer.default_local_dir"] == str(root / "paper/checkpoints/qwen3-8b-base/delta/s0")
@@ -249,9 +310,13 @@ def test_verl_command_builds_the_launch(a_run_cfg, tmp_path):
     assert kv["actor_rollout_ref.model.path"] == "/models/qwen3-8b-base"
     assert kv["reward.custom_reward_function.path"] == str(Path(launch.__file__).with_name("reward.py"))
     assert kv["reward.custom_reward_function.name"] == "compute_score"
-    assert (kv["data.train_batch_size"], kv["actor_rollout_ref.rollout.n"],
-            kv["actor_rollout_ref.actor.ppo_mini_batch_size"], kv["data.max_response_length"],
-            kv["trainer.total_training_steps"]) == ("128", "16", "32", "20480", "220")
+    assert (
+        kv["data.train_batch_size"],
+        kv["actor_rollout_ref.rollout.n"],
+        kv["actor_rollout_ref.actor.ppo_mini_batch_size"],
+        kv["data.max_response_length"],
+        kv["trainer.total_training_steps"],
+    ) == ("128", "16", "32", "20480", "220")
     assert kv["trainer.experiment_name"] == "paper/qwen3-8b-base/delta/s0" and kv["trainer.project_name"] == "delta"
     assert kv["ray_kwargs.ray_init.num_cpus"] == "32"
     # the plug-in's key wins where both set one, and only its value is passed
@@ -282,13 +347,17 @@ def test_preflight_rejects_what_the_gpus_would(a_run_cfg):
         return cfg
 
     launch.preflight(a_run_cfg)
-    for cfg, needle in [(bad(trainer__mini_batches=3), "not divisible by trainer.mini_batches=3"),
-                        (bad(trainer__max_new_tokens=40000), "context window 32768"),
-                        (bad(eval__max_new_tokens=31000), "eval.max_new_tokens"),
-                        (bad(trainer__prompts_per_step=4, trainer__mini_batches=4, trainer__group_size=2),
-                         "does not split over 4 data-parallel ranks"),
-                        (bad(model__verl__rollout_tp=3), "rollout_tp=3"),
-                        (bad(trainer__lr_schedule="wsd"), "lr_schedule")]:
+    for cfg, needle in [
+        (bad(trainer__mini_batches=3), "not divisible by trainer.mini_batches=3"),
+        (bad(trainer__max_new_tokens=40000), "context window 32768"),
+        (bad(eval__max_new_tokens=31000), "eval.max_new_tokens"),
+        (
+            bad(trainer__prompts_per_step=4, trainer__mini_batches=4, trainer__group_size=2),
+            "does not split over 4 data-parallel ranks",
+        ),
+        (bad(model__verl__rollout_tp=3), "rollout_tp=3"),
+        (bad(trainer__lr_schedule="wsd"), "lr_schedule"),
+    ]:
         with pytest.raises(launch.LaunchError, match=needle):
             launch.preflight(cfg)
 
@@ -308,7 +377,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     seconds = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.rindex("Job stats:"):], re.M))
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.rindex("Job stats:") :], re.M))
     assert {k: int(v) for k, v in counts.items()} == {
         "init_tracking": 1, "prepare_data": 1, "warmup": 9, "train": 131, "evaluate": 133, "evaluate_decode": 19,
         "table": 16, "ledger": 5, "figure": 5, "token_credit_figure": 1, "analysis": 5, "diagnose": 1, "all": 1,
@@ -331,9 +400,18 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
 
 def test_hydra_values():
     hv = launch.hydra_value
-    assert [hv(None), hv(True), hv(3), hv(1e-6), hv("Qwen/Qwen3-8B"), hv("/a b/c"), hv("it's"), hv("1e-3"),
-            hv("null"), hv([1, "x"])] == ["null", "true", "3", "1e-06", "Qwen/Qwen3-8B", "'/a b/c'", "'it\\'s'",
-                                          "'1e-3'", "'null'", "[1,x]"]
+    assert [
+        hv(None),
+        hv(True),
+        hv(3),
+        hv(1e-6),
+        hv("Qwen/Qwen3-8B"),
+        hv("/a b/c"),
+        hv("it's"),
+        hv("1e-3"),
+        hv("null"),
+        hv([1, "x"]),
+    ] == ["null", "true", "3", "1e-06", "Qwen/Qwen3-8B", "'/a b/c'", "'it\\'s'", "'1e-3'", "'null'", "[1,x]"]
     assert hv({"enable_thinking": False, "a b": [1]}) == "{enable_thinking:false,'a b':[1]}" and hv({}) == "{}"
     assert launch.override_key("++a.b=1") == "a.b" and launch.override_key("~a.b") == "a.b"
 
@@ -354,10 +432,19 @@ def _stand_in_models(root: Path, families: dict[str, int]) -> dict[str, Path]:
     for name, (family, window) in families.items():
         d = root / name
         tok.save_pretrained(d)
-        c = AutoConfig.for_model(family, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, intermediate_size=128, vocab_size=len(tok),
-                                 max_position_embeddings=window, bos_token_id=tok.bos_token_id,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        c = AutoConfig.for_model(
+            family,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=len(tok),
+            max_position_embeddings=window,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         c.architectures = [ARCHITECTURES[family]]
         c.save_pretrained(d)
         out[name] = d
@@ -369,8 +456,11 @@ def _vllm_free_lora_check(monkeypatch):
     whose module imports vLLM (absent on CPU). The function itself needs no vLLM (it falls back to vLLM's rank list):
     install verl's own function, compiled from verl's source, as that module."""
     src = Path(verl.__file__).parent / "workers" / "rollout" / "vllm_rollout" / "utils.py"
-    fn = next(n for n in ast.parse(src.read_text()).body
-              if isinstance(n, ast.FunctionDef) and n.name == "get_vllm_max_lora_rank")
+    fn = next(
+        n
+        for n in ast.parse(src.read_text()).body
+        if isinstance(n, ast.FunctionDef) and n.name == "get_vllm_max_lora_rank"
+    )
     module = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
     header = ast.parse("from typing import Literal, get_args").body
     exec(compile(ast.Module(body=[*header, fn], type_ignores=[]), str(src), "exec"), module.__dict__)
@@ -382,13 +472,19 @@ def _vllm_free_lora_check(monkeypatch):
     return module
 
 
-@pytest.mark.parametrize("papers,n_runs,several_nodes", [
-    (PAPERS, 131, True),
-    (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
-], ids=["five-papers", "headtohead"])
-def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_path, monkeypatch, papers, n_runs,
-                                                             several_nodes):
-    """Each of the 131 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its verl command's overrides, the verl plug-in's own included
+@pytest.mark.parametrize(
+    "papers,n_runs,several_nodes",
+    [
+        (PAPERS, 131, True),
+        (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
+    ],
+    ids=["five-papers", "headtohead"],
+)
+def test_every_paper_run_composes_and_validates_against_verl(
+    paper_plan, tmp_path, monkeypatch, papers, n_runs, several_nodes
+):
+    """Each of the 131 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its
+    verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
     build (actor, ref, rollout, model, algorithm, checkpoint engine, skip, distillation, critic when used), the
@@ -396,19 +492,18 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     checks at start-up (CreditlabTrainer._setup_creditlab: batching, whole groups for the group-coupled losses). Every
     run composes: Paper C's sign-partitioned control too (trainer.sign_order)."""
     from omegaconf import OmegaConf
-
-    from creditlab.engines.verl.plugin import plugin_overrides
-    from creditlab.engines.verl.trainer import CreditlabTrainer
-
+    from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
     from verl.utils.config import omega_conf_to_dataclass, validate_config
     from verl.utils.device import auto_set_device
     from verl.utils.skip import SkipManagerConfig
-    from verl.trainer.config import AlgoConfig
     from verl.workers.config import ActorConfig, HFModelConfig, RolloutConfig
     from verl.workers.rollout.utils import get_max_position_embeddings
+
+    from creditlab.engines.verl.plugin import plugin_overrides
+    from creditlab.engines.verl.trainer import CreditlabTrainer
 
     t0 = time.perf_counter()
     lora_rank = _vllm_free_lora_check(monkeypatch)
@@ -417,8 +512,10 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
     assert len(runs) == n_runs
     with CachedComposer(CONFIG_DIR, "run") as composer:
         run_cfgs = [_run_cfg(composer, r) for r in runs]
-    models = {c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
-              for c in run_cfgs}
+    models = {
+        c["model"]["name"]: (c["model"]["arch"]["family"], c["model"]["arch"]["max_position_embeddings"])
+        for c in run_cfgs
+    }
     stand_ins = _stand_in_models(tmp_path / "models", models)
     checked_models, checked_rewards, seen, built, multi_node = {}, {}, set(), {}, 0
 
@@ -434,8 +531,9 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
         for cfg in run_cfgs:
             key, t, m = cfg["run"]["key"], cfg["trainer"], cfg["method"]
             rp = launch.RunPaths.of(cfg, tmp_path / "results", model_path=str(stand_ins[cfg["model"]["name"]]))
-            argv, env = launch.verl_command(cfg, rp, mlflow_run_id="0" * 32, tracking_uri="http://mlflow.invalid",
-                                            plugin_overrides=plugin_overrides)
+            argv, env = launch.verl_command(
+                cfg, rp, mlflow_run_id="0" * 32, tracking_uri="http://mlflow.invalid", plugin_overrides=plugin_overrides
+            )
             v = cfg["model"]["verl"]
             if v["nnodes"] > 1:  # multi-node: the driver runs under the Ray-on-SLURM bootstrap
                 assert argv[1:6] == ["-m", launch.RAY_SLURM, "--gpus-per-node", str(v["n_gpus_per_node"]), "--"]
@@ -476,8 +574,11 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             assert isinstance(mc, HFModelConfig) and mc.architectures == [ARCHITECTURES[cfg["model"]["arch"]["family"]]]
             # verl's vLLM server refuses a max_model_len beyond the (overridden) HF config's window; vLLM gets the
             # same override (hf_overrides) as the trainer
-            assert get_max_position_embeddings(mc.hf_config) >= rollout.max_model_len == \
-                t["max_prompt_tokens"] + t["max_new_tokens"]
+            assert (
+                get_max_position_embeddings(mc.hf_config)
+                >= rollout.max_model_len
+                == t["max_prompt_tokens"] + t["max_new_tokens"]
+            )
             assert dict(rollout.engine_kwargs["vllm"].get("hf_overrides", {})) == cfg["model"]["override_config"]
             reward_key = json.dumps(OmegaConf.to_container(conf.reward), sort_keys=True)
             if reward_key not in checked_rewards:  # verl's reward function loader and the DAPO reward manager
@@ -508,27 +609,36 @@ def test_every_paper_run_composes_and_validates_against_verl(paper_plan, tmp_pat
             assert trainer.group_coupled == (m["policy_loss"] in {"dfpo", "grpo_fix"})
             assert trainer.group_size == t["group_size"]
             if trainer.group_coupled:  # a micro-batch holds G whole sequences
-                assert arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * \
-                    arr.actor.ulysses_sequence_parallel_size >= t["group_size"] * rollout.max_model_len
+                assert (
+                    arr.actor.use_dynamic_bsz
+                    and arr.actor.ppo_max_token_len_per_gpu * arr.actor.ulysses_sequence_parallel_size
+                    >= t["group_size"] * rollout.max_model_len
+                )
             seen.add(key)
     assert len(seen) == n_runs and (multi_node > 0) == several_nodes
     elapsed = time.perf_counter() - t0
-    print(f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "
-          f"overrides in {elapsed:.1f} s")
+    print(
+        f"\n{len(seen)} paper-scale runs composed and validated against verl {verl.__version__} with the plug-in's "
+        f"overrides in {elapsed:.1f} s"
+    )
 
 
 def test_verl_reads_the_prepared_parquet(tmp_path):
     """The verl parquet format of the `prepare` job (creditlab.data.verl_format) is what verl's RLHFDataset reads:
     the prompt chat list, data_source, reward_model.ground_truth; its reward function scores against it."""
     from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from creditlab.data.schema import make_record
     from creditlab.data.verl_format import write_verl_parquet
     from creditlab.engines.verl.reward import compute_score
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    records = [make_record(f"dapo_math_17k/train/{i}", "dapo_math_17k", "train", f"What is {i} + {i}?", str(2 * i),
-                           meta={"n": i}) for i in range(5)]
+    records = [
+        make_record(
+            f"dapo_math_17k/train/{i}", "dapo_math_17k", "train", f"What is {i} + {i}?", str(2 * i), meta={"n": i}
+        )
+        for i in range(5)
+    ]
     path = paths.fmt(paths.VERL_TRAIN, results=tmp_path, scale="paper", dataset="dapo_math_17k")
     assert write_verl_parquet(records, path, template="boxed") == path
     tok_dir = _stand_in_models(tmp_path / "models", {"m": ("qwen3", 4096)})["m"]
@@ -536,8 +646,14 @@ def test_verl_reads_the_prepared_parquet(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(tok_dir)
     with CachedComposer(VERL_CONFIG_DIR, "ppo_trainer") as vc:
-        conf = vc.compose([f"data.train_files=[{path}]", "data.max_prompt_length=512",
-                           "data.filter_overlong_prompts=true", f"+data.cache_dir={tmp_path / 'cache'}"])
+        conf = vc.compose(
+            [
+                f"data.train_files=[{path}]",
+                "data.max_prompt_length=512",
+                "data.filter_overlong_prompts=true",
+                f"+data.cache_dir={tmp_path / 'cache'}",
+            ]
+        )
     data_cfg = OmegaConf.create(OmegaConf.to_container(conf.data, resolve=True))
     ds = RLHFDataset(data_files=[str(path)], tokenizer=tok, config=data_cfg)
     assert len(ds) == 5
@@ -608,8 +724,9 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
         train_verl(str(results), short, run_config(short), launcher=_FakeVerl(steps_written=40))
     with pytest.raises(SystemExit, match="verl exited with status 3"):
         train_verl(str(results), short, run_config(short), launcher=_FakeVerl(rc=3))
-    assert not paths.fmt(paths.RUN_DONE, results=results, scale="paper", backbone=short.backbone, run=short.run,
-                         seed=1337).exists()
+    assert not paths.fmt(
+        paths.RUN_DONE, results=results, scale="paper", backbone=short.backbone, run=short.run, seed=1337
+    ).exists()
 
 
 def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkeypatch):
@@ -624,8 +741,11 @@ def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkey
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 32768}))
     asked = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda repo_id, revision=None: asked.append((repo_id, revision)) or str(snapshot))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, revision=None: asked.append((repo_id, revision)) or str(snapshot),
+    )
     results = str(tmp_path / "results")
     warmup(results, "paper", "qwen3-4b-base", 0)
     done_path = paths.fmt(paths.BASE_DONE, results=results, scale="paper", backbone="qwen3-4b-base")
@@ -637,5 +757,7 @@ def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkey
         warmup(results, "paper", "qwen3-4b-base", 0)
     # `evaluate` at paper scale reads the suites of the run's tables only (Paper C's six), and says which are
     # missing before it starts anything (tests/test_paper_eval.py runs it for real)
-    with pytest.raises(SystemExit, match=r"qb/s0: no suite file\(s\) .*aime24.parquet.*math500.parquet'\]: run the `prepare`"):
+    with pytest.raises(
+        SystemExit, match=r"qb/s0: no suite file\(s\) .*aime24.parquet.*math500.parquet'\]: run the `prepare`"
+    ):
         cli.main(["--results", results, "--scale", "paper", "evaluate", "--backbone", "qwen3-4b-base", "--run", "qb"])

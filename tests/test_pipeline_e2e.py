@@ -11,6 +11,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
+
 from e2e import _snakemake  # the shared micro DAG; its fixtures come through conftest.py
 
 pytestmark = pytest.mark.e2e
@@ -54,7 +55,13 @@ def test_cancellation_table_runs_and_analyses(cancellation_results):
     assert set(coupling["updates"]) == {"lm_head", "full"}
     budget = json.loads((micro / "analyses/cancellation/value_budget.json").read_text())
     assert [(r["axis"], r["value"]) for r in budget["rows"]] == [
-        ("batch size", 8), ("batch size", 16), ("batch size", 32), ("rollout n", 4), ("rollout n", 8), ("rollout n", 16)]
+        ("batch size", 8),
+        ("batch size", 16),
+        ("batch size", 32),
+        ("rollout n", 4),
+        ("rollout n", 8),
+        ("rollout n", 16),
+    ]
     for a in ("flipping", "flipping_trained", "value", "value_budget", "coupling"):
         assert (micro / f"figures/cancellation/analysis_{a}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", a
         assert "never the paper's" in (micro / f"analyses/cancellation/{a}.md").read_text()
@@ -63,7 +70,8 @@ def test_cancellation_table_runs_and_analyses(cancellation_results):
 def test_delta_transfer_table_figures_and_tracking(delta_results):
     df = pd.read_csv(delta_results / "micro/tables/delta/transfer.csv")
     assert set(zip(df["row"], df["paper_backbone"])) == {
-        (m, b) for m in ("DAPO", "DelTA") for b in ("Olmo3-7B-Base", "Qwen3-8B-Base", "Qwen3-14B-Base")}
+        (m, b) for m in ("DAPO", "DelTA") for b in ("Olmo3-7B-Base", "Qwen3-8B-Base", "Qwen3-14B-Base")
+    }
     assert set(df["column"]) == {"Math Avg", "OOD", "Code", "Step time (s)", "Overhead vs DAPO"}
     for col in ("OOD", "Code"):  # the transfer suites (multiple choice, code execution): a real cell in every row
         cells = df[df["column"] == col]
@@ -71,7 +79,10 @@ def test_delta_transfer_table_figures_and_tracking(delta_results):
         assert (cells["ours_lo"] <= cells["ours_mean"]).all() and (cells["ours_mean"] <= cells["ours_hi"]).all()
     evals = json.loads((delta_results / "micro/evals/micro-s/delta/s0/metrics.json").read_text())["suites"]
     assert {s: evals[s]["reward"] for s in ("choice4", "choice10", "code")} == {
-        "choice4": "multiple_choice", "choice10": "multiple_choice", "code": "code_exec"}
+        "choice4": "multiple_choice",
+        "choice10": "multiple_choice",
+        "code": "code_exec",
+    }
     steps = df[df["column"] == "Step time (s)"]
     assert (steps["ours_mean"] > 0).all() and (steps["ours_lo"] <= steps["ours_hi"]).all()
     md = (delta_results / "micro/tables/delta/transfer.md").read_text()
@@ -84,8 +95,10 @@ def test_delta_transfer_table_figures_and_tracking(delta_results):
         assert (delta_results / "micro/figures/delta" / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f
     assert "Highest mean weight" in (delta_results / "micro/figures/delta/figure_token_clouds.md").read_text()
     with sqlite3.connect(delta_results / "mlflow.db") as db:
-        n = db.execute("select count(*) from runs r join experiments e on r.experiment_id = e.experiment_id "
-                       "where e.name = 'delta' and r.status = 'FINISHED'").fetchone()[0]
+        n = db.execute(
+            "select count(*) from runs r join experiments e on r.experiment_id = e.experiment_id "
+            "where e.name = 'delta' and r.status = 'FINISHED'"
+        ).fetchone()[0]
         assert n >= 9  # 6 transfer runs + 3 selection runs
 
 
@@ -96,7 +109,9 @@ def test_dfpo_compute_table_from_training_metrics_only(delta_results):
     steps = df[df["column"] == "Steps to reward"]
     assert (steps["ours_mean"] >= 1).all() and (steps["ours_mean"] <= 4).all()  # 4 micro steps (censored at 4)
     # no evaluation job ran for it: checked by the delta_results fixture, before Paper E's main table evaluates
-    rows = [json.loads(x) for x in (delta_results / "micro/runs/micro-s/dfpo/s0/metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (delta_results / "micro/runs/micro-s/dfpo/s0/metrics.jsonl").read_text().splitlines()
+    ]
     assert all("cancel_rel_residual" in r for r in rows)
     coefs = [r["cancel_group_coef_rel"] for r in rows if r["cancel_group_coef_rel"] == r["cancel_group_coef_rel"]]
     assert all(abs(c) < 1e-6 for c in coefs)  # DFPO cancels in every mini-batch (nan: no gradient that step)
@@ -118,8 +133,13 @@ def test_dfpo_main_table_has_the_code_column(dfpo_main_results):
 def test_table_has_every_row_with_ci_and_provenance(micro_results):
     df = pd.read_csv(micro_results / "micro/tables/dlogp/main.csv")
     rows = set(zip(df["row"], df["paper_backbone"]))
-    assert rows == {("Base", "Qwen2.5-Math-7B"), ("DAPO", "Qwen2.5-Math-7B"), ("DAPO", "Qwen3-8B-Base"),
-                    ("Δlog p reweight", "Qwen2.5-Math-7B"), ("Δlog p reweight", "Qwen3-8B-Base")}
+    assert rows == {
+        ("Base", "Qwen2.5-Math-7B"),
+        ("DAPO", "Qwen2.5-Math-7B"),
+        ("DAPO", "Qwen3-8B-Base"),
+        ("Δlog p reweight", "Qwen2.5-Math-7B"),
+        ("Δlog p reweight", "Qwen3-8B-Base"),
+    }
     assert set(df["column"]) == {"AIME24", "AIME25", "AMC", "Avg", "Pass@16"}  # the paper's Pass@16: pass@4 at micro
     assert set(df[df["column"] == "Pass@16"]["metric"]) == {"pass@4"}
     ours = df[["ours_lo", "ours_mean", "ours_hi"]]
@@ -133,8 +153,11 @@ def test_table_has_every_row_with_ci_and_provenance(micro_results):
     assert "35.73" in md and "not comparable" in md.lower()
     ablation = pd.read_csv(micro_results / "micro/tables/dlogp/ablation.csv")
     assert set(ablation["row"]) == {"PPL", "Dominate", "Ours (Δlog p)"}
-    for png in ("dlogp/main_training_curves.png", "dlogp/figure_replacement_curves.png",
-                "diagnostics/micro-s/dapo-ds/s0_token_histograms.png"):
+    for png in (
+        "dlogp/main_training_curves.png",
+        "dlogp/figure_replacement_curves.png",
+        "diagnostics/micro-s/dapo-ds/s0_token_histograms.png",
+    ):
         assert (micro_results / "micro/figures" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
 
 
@@ -163,17 +186,22 @@ def test_runs_are_done_resumable_and_tracked(micro_results):
     with sqlite3.connect(micro_results / "mlflow.db") as db:
         names = {r[0] for r in db.execute("select name from experiments")}
         assert {"dlogp", "base-models"} <= names
-        tags = dict(db.execute(
-            "select t.key, t.value from tags t join runs r on r.run_uuid = t.run_uuid "
-            "where r.run_uuid = ?", (done["mlflow_run_id"],)).fetchall())
+        tags = dict(
+            db.execute(
+                "select t.key, t.value from tags t join runs r on r.run_uuid = t.run_uuid where r.run_uuid = ?",
+                (done["mlflow_run_id"],),
+            ).fetchall()
+        )
         for key in ("paper", "table", "method", "backbone", "seed", "scale", "git_commit"):
             assert key in tags, key
         assert tags["method"] == "dapo" and tags["scale"] == "micro" and tags["paper"] == "dlogp"
-        n_metrics = db.execute("select count(*) from metrics where run_uuid = ? and key = 'reward_mean'",
-                               (done["mlflow_run_id"],)).fetchone()[0]
+        n_metrics = db.execute(
+            "select count(*) from metrics where run_uuid = ? and key = 'reward_mean'", (done["mlflow_run_id"],)
+        ).fetchone()[0]
         assert n_metrics >= 4
-        evals = db.execute("select count(*) from metrics where run_uuid = ? and key like 'eval/%'",
-                           (done["mlflow_run_id"],)).fetchone()[0]
+        evals = db.execute(
+            "select count(*) from metrics where run_uuid = ? and key like 'eval/%'", (done["mlflow_run_id"],)
+        ).fetchone()[0]
         assert evals > 0  # the evaluation logged into the run it evaluates
 
 

@@ -20,9 +20,14 @@ PIPE = {"scale": "micro", "papers": ["dlogp"], "seeds": [0], "results": "results
 def test_plan_dedupes_runs_and_resolves_configs():
     plan = build_plan(PIPE)
     assert sorted(plan.runs) == [
-        "micro/micro-m/dapo-ds/s0", "micro/micro-m/dlogp-ds-a0.1/s0", "micro/micro-s/base/s0",
-        "micro/micro-s/dapo-ds/s0", "micro/micro-s/dlogp-ds-a0.2/s0", "micro/micro-s/dominate-ds/s0",
-        "micro/micro-s/ppl-ds/s0"]
+        "micro/micro-m/dapo-ds/s0",
+        "micro/micro-m/dlogp-ds-a0.1/s0",
+        "micro/micro-s/base/s0",
+        "micro/micro-s/dapo-ds/s0",
+        "micro/micro-s/dlogp-ds-a0.2/s0",
+        "micro/micro-s/dominate-ds/s0",
+        "micro/micro-s/ppl-ds/s0",
+    ]
     run = plan.get("micro-s", "dapo-ds", 0)
     assert run.experiment == "dlogp" and run.tables == ["dlogp/main", "dlogp/extrapolation", "dlogp/replacement"]
     shared = plan.get("micro-s", "dlogp-ds-a0.2", 0)  # one run serves two tables: trained once
@@ -72,11 +77,27 @@ def test_unknown_registered_name_fails(tmp_path):
         build_plan(PIPE, cfg_dir)
 
 
-@pytest.mark.parametrize("override, needle", [("papers=[nope]", "nope"), ("scale=huge", "huge"), ("sedes=[0]", "sedes")])
+@pytest.mark.parametrize(
+    "override, needle", [("papers=[nope]", "nope"), ("scale=huge", "huge"), ("sedes=[0]", "sedes")]
+)
 def test_snakemake_rejects_bad_pipeline_config_before_any_job(override, needle, tmp_path):
-    proc = subprocess.run([SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), "-n",
-                           "--config", override, f"results={tmp_path}/results"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            SNAKEMAKE,
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "-n",
+            "--config",
+            override,
+            f"results={tmp_path}/results",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert needle in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()  # nothing ran
@@ -85,24 +106,44 @@ def test_snakemake_rejects_bad_pipeline_config_before_any_job(override, needle, 
 NULL_PAPER = {  # a benchmark without a tiny stand-in (null), a step_time-only table at tiny, a token_credit figure
     "paper": "nulls",
     "backbones": {"Small": {"tiny": "tiny-s", "paper": "small"}, "Large": {"tiny": "tiny-m", "paper": "large"}},
-    "benchmarks": {"A": {"tiny": "medium", "paper": "bench-a"}, "B": {"tiny": "hard", "paper": "bench-b"},
-                   "N": {"tiny": None, "paper": "bench-n"}},
-    "runs": {"dapo": {"method": "dapo"}, "other": {"method": "dapo", "overrides": ["trainer.mini_batches=2"]},
-             "lonely": {"method": "dapo", "overrides": ["trainer.mini_batches=4"]}},
-    "tables": {
-        "main": {"columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"},
-                             {"name": "N", "benchmark": "N", "metric": "avg@k"},
-                             {"name": "Avg", "benchmarks": ["A", "B", "N"], "metric": "avg@k"}],
-                 "rows": [{"label": "Base", "backbone": "Small", "run": "base"},
-                          {"label": "DAPO", "backbone": "Small", "run": "dapo"}]},
-        "cost": {"columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"},
-                             {"name": "Step time (s)", "metric": "step_time"}],
-                 "rows": [{"label": "DAPO", "backbone": "Large", "run": "dapo"}]},
-        "code": {"columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"}],
-                 "rows": [{"label": "Other", "backbone": "Large", "run": "other"}]},
+    "benchmarks": {
+        "A": {"tiny": "medium", "paper": "bench-a"},
+        "B": {"tiny": "hard", "paper": "bench-b"},
+        "N": {"tiny": None, "paper": "bench-n"},
     },
-    "figures": {"clouds": {"kind": "token_credit", "backbone": "Large", "run": "lonely"},
-                "code_bars": {"kind": "bars", "table": "code", "y": "Code"}},
+    "runs": {
+        "dapo": {"method": "dapo"},
+        "other": {"method": "dapo", "overrides": ["trainer.mini_batches=2"]},
+        "lonely": {"method": "dapo", "overrides": ["trainer.mini_batches=4"]},
+    },
+    "tables": {
+        "main": {
+            "columns": [
+                {"name": "A", "benchmark": "A", "metric": "avg@k"},
+                {"name": "N", "benchmark": "N", "metric": "avg@k"},
+                {"name": "Avg", "benchmarks": ["A", "B", "N"], "metric": "avg@k"},
+            ],
+            "rows": [
+                {"label": "Base", "backbone": "Small", "run": "base"},
+                {"label": "DAPO", "backbone": "Small", "run": "dapo"},
+            ],
+        },
+        "cost": {
+            "columns": [
+                {"name": "Code", "benchmark": "N", "metric": "avg@k"},
+                {"name": "Step time (s)", "metric": "step_time"},
+            ],
+            "rows": [{"label": "DAPO", "backbone": "Large", "run": "dapo"}],
+        },
+        "code": {
+            "columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"}],
+            "rows": [{"label": "Other", "backbone": "Large", "run": "other"}],
+        },
+    },
+    "figures": {
+        "clouds": {"kind": "token_credit", "backbone": "Large", "run": "lonely"},
+        "code_bars": {"kind": "bars", "table": "code", "y": "Code"},
+    },
 }
 
 
@@ -120,8 +161,9 @@ def test_plan_skips_benchmarks_without_a_stand_in(tmp_path):
     assert plan.figures == [("nulls", "clouds")]  # the code table's bars cannot be drawn at tiny
     lonely = plan.get("tiny-m", "lonely", 0)  # a figure's run is planned (first seed) even without a row
     assert lonely.tables == [] and lonely.papers == ["nulls"] and "tiny/tiny-m/lonely/s1" not in plan.runs
-    at_paper = build_plan({"scale": "paper", "papers": ["nulls"], "seeds": [0], "results": "r"}, cfg_dir,
-                          validate=False)
+    at_paper = build_plan(
+        {"scale": "paper", "papers": ["nulls"], "seeds": [0], "results": "r"}, cfg_dir, validate=False
+    )
     assert at_paper.skipped_tables == [] and at_paper.table_suites("nulls", "main") == ["bench-a", "bench-n", "bench-b"]
 
 
@@ -131,10 +173,18 @@ OWN_SEEDS = {  # a paper with its own seeds at tiny and paper scale, sharing the
     "benchmarks": {"A": {"tiny": "medium", "paper": "bench-a"}},
     "runs": {"dapo": {"method": "dapo"}, "solo": {"method": "dapo", "overrides": ["trainer.mini_batches=2"]}},
     "seeds": {"tiny": [2, 0, 1], "paper": [5]},
-    "tables": {"t1": {"columns": [{"name": "A", "benchmark": "A", "metric": "avg@k"},
-                                  {"name": "Steps", "metric": "steps_to", "threshold": 0.7}],
-                      "rows": [{"label": "DAPO", "backbone": "Small", "run": "dapo"},
-                               {"label": "Solo", "backbone": "Small", "run": "solo"}]}},
+    "tables": {
+        "t1": {
+            "columns": [
+                {"name": "A", "benchmark": "A", "metric": "avg@k"},
+                {"name": "Steps", "metric": "steps_to", "threshold": 0.7},
+            ],
+            "rows": [
+                {"label": "DAPO", "backbone": "Small", "run": "dapo"},
+                {"label": "Solo", "backbone": "Small", "run": "solo"},
+            ],
+        }
+    },
     "figures": {"clouds": {"kind": "token_credit", "backbone": "Small", "run": "solo"}},
 }
 
@@ -148,10 +198,13 @@ def test_per_paper_seeds_reach_the_plan(tmp_path):
     plan = build_plan(pipe, cfg_dir, validate=False)
     assert plan.seeds == [0] and plan.paper_seeds("nulls") == [0] and plan.paper_seeds("own") == [2, 0, 1]
     assert [(r.key, d) for r, d in plan.table_evals("own", "t1")] == [
-        (f"tiny/tiny-s/{run}/s{s}", None) for run in ("dapo", "solo") for s in (2, 0, 1)]
+        (f"tiny/tiny-s/{run}/s{s}", None) for run in ("dapo", "solo") for s in (2, 0, 1)
+    ]
     assert [r.seed for r in plan.table_runs("own", "t1")] == [2, 0, 1, 2, 0, 1]
     assert [r.key for r, _ in plan.table_evals("nulls", "main")] == [  # the pipeline's seeds
-        "tiny/tiny-s/base/s0", "tiny/tiny-s/dapo/s0"]
+        "tiny/tiny-s/base/s0",
+        "tiny/tiny-s/dapo/s0",
+    ]
     # a run key of both papers is planned for the union of their seeds, tagged with the papers that use each
     assert plan.get("tiny-s", "dapo", 0).papers == ["nulls", "own"]
     assert plan.get("tiny-s", "dapo", 2).papers == ["own"] and plan.get("tiny-s", "dapo", 2).tables == ["own/t1"]
@@ -201,8 +254,11 @@ def test_tables_choose_what_is_built_and_keep_every_run_planned():
     plan = build_plan(PIPE | {"tables": ["dlogp/ablation"]}, validate=False)
     assert plan.tables == [("dlogp", "ablation")] and len(whole.tables) > 1
     assert sorted(plan.runs) == sorted(whole.runs) and plan.buildable_tables == whole.tables
-    assert all(whole.papers["dlogp"].figures[f].table != "ablation" for f in whole.papers["dlogp"].figures_at("micro")
-               if f not in plan.papers["dlogp"].figures_at("micro"))
+    assert all(
+        whole.papers["dlogp"].figures[f].table != "ablation"
+        for f in whole.papers["dlogp"].figures_at("micro")
+        if f not in plan.papers["dlogp"].figures_at("micro")
+    )
     spec = plan.papers["dlogp"]
     claim = next(c for c in spec.claims if c.table != "ablation")
     result = evaluate_claim(spec, claim, "micro", [0], Path("/nonexistent"), 4, Path("/nonexistent"))
@@ -211,15 +267,19 @@ def test_tables_choose_what_is_built_and_keep_every_run_planned():
         build_plan(PIPE | {"tables": ["dlogp/nope"]}, validate=False)
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("trainer.group_size=0", r"trainer\.group_size: 0 is less than the minimum of 2"),
-    ("trainer.lr=-1e-5", r"trainer\.lr: -1e-05 is less than or equal to the minimum of 0"),
-    ("eval.top_p=1.5", r"eval\.top_p: 1\.5 is greater than the maximum of 1"),
-    ("trainer.lr_schedule=linear", r"trainer\.lr_schedule: 'linear' is not one of"),
-    ("eval.ks=[1,64]", r"eval\.ks=\[1, 64\]: pass@j needs j <= eval\.k"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("trainer.group_size=0", r"trainer\.group_size: 0 is less than the minimum of 2"),
+        ("trainer.lr=-1e-5", r"trainer\.lr: -1e-05 is less than or equal to the minimum of 0"),
+        ("eval.top_p=1.5", r"eval\.top_p: 1\.5 is greater than the maximum of 1"),
+        ("trainer.lr_schedule=linear", r"trainer\.lr_schedule: 'linear' is not one of"),
+        ("eval.ks=[1,64]", r"eval\.ks=\[1, 64\]: pass@j needs j <= eval\.k"),
+    ],
+)
 def test_out_of_range_values_are_refused_at_plan_time_naming_the_key(tmp_path, override, needle):
-    """What a job would refuse at its first step (or silently misuse) is refused when the plan is built (`snakemake -n`),
+    """What a job would refuse at its first step (or silently misuse) is refused when the plan is built
+       (`snakemake -n`),
     with the run and the key: the ranges of workflow/schemas/run.schema.yaml."""
     cfg_dir = _configs_with(tmp_path, lambda d: d["runs"]["dapo-ds"].update(overrides=[override]))
     with pytest.raises(PlanError, match=r"micro/micro-\w/dapo-ds/s0: " + needle):
@@ -229,8 +289,10 @@ def test_out_of_range_values_are_refused_at_plan_time_naming_the_key(tmp_path, o
 def test_a_fixed_k_metric_above_the_runs_eval_k_is_refused_at_plan_time(tmp_path):
     """A table column reading pass@N of runs whose evaluation draws fewer than N samples would fail in the table job
     (ValueError at build time): the plan refuses it before any job, naming the table, the metric and the run."""
+
     def edit(d):
         d["tables"]["main"]["columns"].append({"name": "P64", "benchmark": "AIME24", "metric": "pass@64"})
+
     cfg_dir = _configs_with(tmp_path, edit)
     with pytest.raises(PlanError, match=r"table 'main' reads pass@64 of run 'micro/.*eval\.k=\d+"):
         build_plan(PIPE, cfg_dir)

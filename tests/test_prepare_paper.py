@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hub_fixtures import LAYOUT, place
 
 from creditlab import cli, paths
 from creditlab.data import prepare_paper as pp
@@ -26,22 +25,50 @@ from creditlab.data.io import read_records
 from creditlab.data.prepare_hub import load_suites
 from creditlab.data.verl_format import read_verl_parquet, record_from_verl_row
 from creditlab.plan import CONFIG_DIR, build_plan
+from hub_fixtures import LAYOUT, place
 
 PAPERS = ["arca", "delta", "cancellation"]  # every training set (MATH, DeepMath, DAPO) and all 15 suites
 PIPE = {"scale": "paper", "papers": PAPERS, "seeds": [0], "results": "results"}
 
 # hf_id (config, split) of our configs -> registry name (configs/data/*.yaml train, configs/suites/paper.yaml)
 MAPPING = {
-    "dapo_math_17k": "dapo-math-17k", "deepmath_103k": "deepmath", "math_lighteval": "math",
-    "aime24": "aime24", "aime25": "aime25", "aime26": "aime26", "amc23": "amc23", "hmmt25-feb": "hmmt-feb-2025",
-    "hmmt25-nov": "hmmt-nov-2025", "hmmt26-feb": "hmmt-feb-2026", "brumo25": "brumo-2025", "math500": "math500",
-    "minerva-math": "minerva", "olympiadbench": "olympiadbench", "math-test-200": "math-test",
-    "gpqa-diamond": "gpqa-diamond", "mmlu-pro": "mmlu-pro", "livecodebench-v6": "livecodebench",
+    "dapo_math_17k": "dapo-math-17k",
+    "deepmath_103k": "deepmath",
+    "math_lighteval": "math",
+    "aime24": "aime24",
+    "aime25": "aime25",
+    "aime26": "aime26",
+    "amc23": "amc23",
+    "hmmt25-feb": "hmmt-feb-2025",
+    "hmmt25-nov": "hmmt-nov-2025",
+    "hmmt26-feb": "hmmt-feb-2026",
+    "brumo25": "brumo-2025",
+    "math500": "math500",
+    "minerva-math": "minerva",
+    "olympiadbench": "olympiadbench",
+    "math-test-200": "math-test",
+    "gpqa-diamond": "gpqa-diamond",
+    "mmlu-pro": "mmlu-pro",
+    "livecodebench-v6": "livecodebench",
 }
 # questions per suite in the fixtures (math-test-200: 1 of MATH test's 2 fixture rows, drawn with seed 1337)
-FIXTURE_N = {"aime24": 2, "aime25": 2, "aime26": 2, "amc23": 2, "hmmt25-feb": 2, "hmmt25-nov": 2, "hmmt26-feb": 1,
-             "brumo25": 2, "math500": 3, "minerva-math": 2, "olympiadbench": 2, "math-test-200": 1,
-             "gpqa-diamond": 3, "mmlu-pro": 3, "livecodebench-v6": 2}
+FIXTURE_N = {
+    "aime24": 2,
+    "aime25": 2,
+    "aime26": 2,
+    "amc23": 2,
+    "hmmt25-feb": 2,
+    "hmmt25-nov": 2,
+    "hmmt26-feb": 1,
+    "brumo25": 2,
+    "math500": 3,
+    "minerva-math": 2,
+    "olympiadbench": 2,
+    "math-test-200": 1,
+    "gpqa-diamond": 3,
+    "mmlu-pro": 3,
+    "livecodebench-v6": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +107,9 @@ def _prepare(tmp_path, monkeypatch, inputs, *extra):
         return inputs
 
     monkeypatch.setattr(pp, "plan_inputs", fake_plan_inputs)
-    cli.main(["--results", str(tmp_path / "results"), "--scale", "paper", "--papers", ",".join(PAPERS), "prepare",
-              *extra])
+    cli.main(
+        ["--results", str(tmp_path / "results"), "--scale", "paper", "--papers", ",".join(PAPERS), "prepare", *extra]
+    )
     assert seen == [sorted(PAPERS)]
 
 
@@ -99,7 +127,9 @@ def test_the_paper_plan_needs_every_training_set_and_suite(real_inputs):
     got |= {s: pp.suite_entry(s, catalogue[s])["dataset"] for s in catalogue}
     assert got == MAPPING
     assert pp.suite_entry("math-test-200", catalogue["math-test-200"]) == {
-        "dataset": "math-test", "sample": {"n": 200, "seed": 1337}}
+        "dataset": "math-test",
+        "sample": {"n": 200, "seed": 1337},
+    }
     dapo = pp.hub_config(real_inputs.datasets["dapo_math_17k"])
     assert dapo["dedupe"] == {"train": True, "eval": False}  # SPEC: DAPO-Math-17k rows are ~100x duplicated
     assert dapo["contamination"]["action"] == "drop" and dapo["val"] == {"n": 256, "seed": 1234}
@@ -110,11 +140,17 @@ def test_registry_lookup_and_download_patterns():
     assert lookup("DigitalLearningGmbH/MATH-lighteval", "default", "test").name == "math-test"
     assert lookup("DigitalLearningGmbH/MATH-lighteval", None, "train").name == "math"
     assert lookup("Idavidrein/gpqa", "gpqa_diamond", "train").name == "gpqa-diamond"
-    with pytest.raises(ValueError, match=r"no hub loader for Idavidrein/gpqa config gpqa_main split train; .*"
-                                         r"Idavidrein/gpqa config gpqa_diamond split train -> gpqa-diamond"):
+    with pytest.raises(
+        ValueError,
+        match=r"no hub loader for Idavidrein/gpqa config gpqa_main split train; .*"
+        r"Idavidrein/gpqa config gpqa_diamond split train -> gpqa-diamond",
+    ):
         lookup("Idavidrein/gpqa", "gpqa_main", "train")
-    with pytest.raises(pp.PaperDataError, match=r"configs/suites/paper.yaml x: no hub loader for math-ai/aime25 "
-                                                r"config default split train"):
+    with pytest.raises(
+        pp.PaperDataError,
+        match=r"configs/suites/paper.yaml x: no hub loader for math-ai/aime25 "
+        r"config default split train",
+    ):
         pp.suite_entry("x", {"hf_id": "math-ai/aime25", "config": None, "split": "train"})
     with pytest.raises(pp.PaperDataError, match="kind 'math', but its loader 'gpqa-diamond' reads 'multiple_choice'"):
         pp.suite_entry("x", {"hf_id": "Idavidrein/gpqa", "config": "gpqa_diamond", "split": "train", "kind": "math"})
@@ -124,12 +160,16 @@ def test_registry_lookup_and_download_patterns():
     for name, (_, rel) in {**LAYOUT, "gpqa-diamond": (None, "gpqa_diamond.csv")}.items():
         assert list(filter_repo_objects([rel], allow_patterns=allow_patterns(name))) == [rel], name
     assert "test.jsonl" in allow_patterns("math500")  # top-level file: `**/test.jsonl` alone would not match
-    assert list(filter_repo_objects(["algebra/test-00000-of-00001.parquet", "data/train-00000-of-00001.parquet"],
-                                    allow_patterns=allow_patterns("math-test"))) == [
-        "algebra/test-00000-of-00001.parquet"]  # [ours: harmless] MATH-lighteval's per-subject copies match too
+    assert list(
+        filter_repo_objects(
+            ["algebra/test-00000-of-00001.parquet", "data/train-00000-of-00001.parquet"],
+            allow_patterns=allow_patterns("math-test"),
+        )
+    ) == ["algebra/test-00000-of-00001.parquet"]  # [ours: harmless] MATH-lighteval's per-subject copies match too
     assert download_command("math-ai/aime25", "/r/math-ai/aime25", ["test.jsonl", "**/test.jsonl"]) == (
         "huggingface-cli download math-ai/aime25 --repo-type dataset --local-dir /r/math-ai/aime25 "
-        "--include test.jsonl '**/test.jsonl'")
+        "--include test.jsonl '**/test.jsonl'"
+    )
 
 
 def test_sample_option_of_prepare_hub(tmp_path):
@@ -169,7 +209,8 @@ def test_paper_prepare_end_to_end(tmp_path, monkeypatch, real_inputs):
     outputs = [p for p in data_dir.rglob("*") if p.is_file() and p != done]
     assert max(p.stat().st_mtime_ns for p in outputs) <= done.stat().st_mtime_ns  # DONE written last
     assert {h: r["status"] for h, r in report["downloads"].items()} == dict.fromkeys(
-        {get_dataset(n).hub_id for n in MAPPING.values()}, "present")
+        {get_dataset(n).hub_id for n in MAPPING.values()}, "present"
+    )
     assert report["raw_dir"] == str(raw) and report["offline"] is True
 
     # the suites, where the evaluation reads them, with their counts
@@ -181,19 +222,24 @@ def test_paper_prepare_end_to_end(tmp_path, monkeypatch, real_inputs):
 
     # each training set: verl train/val where the launcher reads them (paths.VERL_TRAIN / VERL_VAL)
     expected = {"dapo_math_17k": (3, 1), "deepmath_103k": (2, 1), "math_lighteval": (3, 1)}
-    planted = {"dapo_math_17k": ("dapo-math-17k/train/000006", "math500", "by_ngram"),
-               "deepmath_103k": ("deepmath/train/000002", "aime24", "by_exact")}
+    planted = {
+        "dapo_math_17k": ("dapo-math-17k/train/000006", "math500", "by_ngram"),
+        "deepmath_103k": ("deepmath/train/000002", "aime24", "by_exact"),
+    }
     contamination = json.loads(paths.fmt(paths.CONTAMINATION, **fill).read_text())
     assert sorted(contamination) == sorted(expected)
     for name, (n_train, n_val) in expected.items():
         train = read_verl_parquet(paths.fmt(paths.VERL_TRAIN, dataset=name, **fill))
         val = read_verl_parquet(paths.fmt(paths.VERL_VAL, dataset=name, **fill))
         assert (len(train), len(val)) == (n_train, n_val) and report["training_sets"][name]["counts"] == {
-            "train": n_train, "val": n_val}
+            "train": n_train,
+            "val": n_val,
+        }
         assert {r["data_source"] for r in train + val} == {MAPPING[name]}
         records = [record_from_verl_row(r) for r in train + val]
-        assert records == read_records(paths.fmt(paths.TRAIN_SET_DIR, dataset=name, **fill) / "train.parquet") + \
-            read_records(paths.fmt(paths.TRAIN_SET_DIR, dataset=name, **fill) / "val.parquet")
+        assert records == read_records(
+            paths.fmt(paths.TRAIN_SET_DIR, dataset=name, **fill) / "train.parquet"
+        ) + read_records(paths.fmt(paths.TRAIN_SET_DIR, dataset=name, **fill) / "val.parquet")
         c = contamination[name]
         assert sorted(c["per_eval"]) == sorted(FIXTURE_N) and c["method"]["action"] == "drop"
         if name in planted:  # the planted contaminated item is dropped
@@ -208,8 +254,11 @@ def test_paper_prepare_end_to_end(tmp_path, monkeypatch, real_inputs):
     # no DONE (the previous one is removed first)
     real_n = copy.deepcopy(inputs)
     real_n.catalogue["aime24"]["n"] = 30
-    with pytest.raises(SystemExit, match=r"suite aime24 \(aime24\): 2 questions after the loader's filters, but "
-                                         r"configs/suites/paper.yaml aime24 says n: 30"):
+    with pytest.raises(
+        SystemExit,
+        match=r"suite aime24 \(aime24\): 2 questions after the loader's filters, but "
+        r"configs/suites/paper.yaml aime24 says n: 30",
+    ):
         _prepare(tmp_path, monkeypatch, real_n)
     assert not done.exists()
 
@@ -225,12 +274,25 @@ def test_paper_prepare_end_to_end(tmp_path, monkeypatch, real_inputs):
     files = [str(paths.fmt(paths.VERL_TRAIN, dataset=name, **fill)) for name in expected]
     rows = [r for f in files for r in read_verl_parquet(f)]
     tok = build_tokenizer([r["prompt"][0]["content"] for r in rows] + ["user: assistant:"])
-    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}assistant:{% endif %}")
-    ds = RLHFDataset(files, tok, OmegaConf.create({"cache_dir": str(tmp_path / "verl-cache"), "max_prompt_length": 4096,
-                                                   "filter_overlong_prompts_workers": 1, "truncation": "error"}))
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    ds = RLHFDataset(
+        files,
+        tok,
+        OmegaConf.create(
+            {
+                "cache_dir": str(tmp_path / "verl-cache"),
+                "max_prompt_length": 4096,
+                "filter_overlong_prompts_workers": 1,
+                "truncation": "error",
+            }
+        ),
+    )
     assert len(ds) == len(rows) and [ds[i]["extra_info"]["id"] for i in range(len(ds))] == [
-        r["extra_info"]["id"] for r in rows]
+        r["extra_info"]["id"] for r in rows
+    ]
 
 
 def test_offline_and_a_missing_dataset_names_it_and_the_download_command(tmp_path, monkeypatch, real_inputs):
@@ -240,19 +302,25 @@ def test_offline_and_a_missing_dataset_names_it_and_the_download_command(tmp_pat
     monkeypatch.setenv(pp.RAW_ENV, str(raw))
     # an unfinished download (its marker says so) counts as missing although a file is there
     place(raw, "math-test")
-    (raw / "DigitalLearningGmbH/MATH-lighteval" / pp.MARKER).write_text(json.dumps(
-        {"repo_id": "DigitalLearningGmbH/MATH-lighteval", "complete": False, "started": "then"}))
+    (raw / "DigitalLearningGmbH/MATH-lighteval" / pp.MARKER).write_text(
+        json.dumps({"repo_id": "DigitalLearningGmbH/MATH-lighteval", "complete": False, "started": "then"})
+    )
     with pytest.raises(SystemExit) as err:
         _prepare(tmp_path, monkeypatch, inputs)
     msg = str(err.value)
     assert "HF_HUB_OFFLINE=1 and 2 hub dataset(s) are missing from" in msg
-    assert (f"- MathArena/aime_2026 (aime26; for suite aime26): aime26 (MathArena/aime_2026, split train): "
-            f"no file in {raw}") in msg
-    assert (f"huggingface-cli download MathArena/aime_2026 --repo-type dataset --local-dir {raw}/MathArena/aime_2026 "
-            f"--include 'data/train-*.parquet' '**/train-*.parquet' 'train-*.parquet' '**/train.jsonl' "
-            f"train.jsonl") in msg
-    assert "- DigitalLearningGmbH/MATH-lighteval (math, math-test; for training set math_lighteval, suite " \
-           "math-test-200): an unfinished download" in msg
+    assert (
+        f"- MathArena/aime_2026 (aime26; for suite aime26): aime26 (MathArena/aime_2026, split train): no file in {raw}"
+    ) in msg
+    assert (
+        f"huggingface-cli download MathArena/aime_2026 --repo-type dataset --local-dir {raw}/MathArena/aime_2026 "
+        f"--include 'data/train-*.parquet' '**/train-*.parquet' 'train-*.parquet' '**/train.jsonl' "
+        f"train.jsonl"
+    ) in msg
+    assert (
+        "- DigitalLearningGmbH/MATH-lighteval (math, math-test; for training set math_lighteval, suite "
+        "math-test-200): an unfinished download" in msg
+    )
     assert f"--local-dir {raw}/DigitalLearningGmbH/MATH-lighteval --include 'data/train-*.parquet'" in msg
     assert not paths.fmt(paths.DATA_DONE, results=tmp_path / "results", scale="paper").exists()
 
@@ -274,13 +342,19 @@ def test_download_calls_snapshot_download(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     raw = tmp_path / "raw"
-    wanted = [pp.Need("math", ("training set math_lighteval",)), pp.Need("math-test", ("suite math-test-200",)),
-              pp.Need("aime24", ("suite aime24",))]
+    wanted = [
+        pp.Need("math", ("training set math_lighteval",)),
+        pp.Need("math-test", ("suite math-test-200",)),
+        pp.Need("aime24", ("suite aime24",)),
+    ]
     report = pp.fetch(wanted, raw)
-    patterns = {h: list(dict.fromkeys(p for n in wanted if n.hub_id == h for p in allow_patterns(n.dataset)))
-                for h in by_hub_id}
-    assert calls == [{"repo_id": h, "repo_type": "dataset", "local_dir": str(raw / h), "allow_patterns": patterns[h]}
-                     for h in by_hub_id]
+    patterns = {
+        h: list(dict.fromkeys(p for n in wanted if n.hub_id == h for p in allow_patterns(n.dataset))) for h in by_hub_id
+    }
+    assert calls == [
+        {"repo_id": h, "repo_type": "dataset", "local_dir": str(raw / h), "allow_patterns": patterns[h]}
+        for h in by_hub_id
+    ]
     assert "data/train-*.parquet" in calls[0]["allow_patterns"] and "data/test-*.parquet" in calls[0]["allow_patterns"]
     assert {h: r["status"] for h, r in report.items()} == dict.fromkeys(by_hub_id, "downloaded")
     marker = json.loads((raw / "HuggingFaceH4/aime_2024" / pp.MARKER).read_text())
@@ -295,16 +369,18 @@ def test_download_calls_snapshot_download(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
     shutil.rmtree(raw / "HuggingFaceH4/aime_2024")
-    with pytest.raises(pp.PaperDataError, match=r"downloading HuggingFaceH4/aime_2024 failed \(OSError: Network is "
-                                                r"unreachable\).*huggingface-cli download HuggingFaceH4/aime_2024"):
+    with pytest.raises(
+        pp.PaperDataError,
+        match=r"downloading HuggingFaceH4/aime_2024 failed \(OSError: Network is "
+        r"unreachable\).*huggingface-cli download HuggingFaceH4/aime_2024",
+    ):
         pp.fetch(wanted, raw)
     place(raw, "aime24")  # a partial copy next to the unfinished marker
     with pytest.raises(pp.MissingHubData, match="an unfinished download of HuggingFaceH4/aime_2024"):
         pp.fetch(wanted, raw, offline=True)
 
 
-def test_download_only_fetches_every_needed_repository_and_prepares_nothing(tmp_path, monkeypatch, real_inputs,
-                                                                             capsys):
+def test_download_only_fetches_every_needed_repository_and_prepares_nothing(tmp_path, monkeypatch, real_inputs, capsys):
     import huggingface_hub
 
     calls = []

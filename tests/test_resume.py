@@ -52,8 +52,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
 
     _run(a, *train)  # uninterrupted reference
 
-    proc = subprocess.Popen(_cli(b, *train), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cli(b, *train), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)

@@ -18,8 +18,8 @@ from creditlab.rewards import (
     extract_last_boxed,
     math_verify_score,
     normalize_dapo_answer,
+    registry,
 )
-from creditlab.rewards import registry
 from creditlab.rewards.math_verify_reward import judge_math_verify
 
 PATHOLOGICAL = "Let me compute. \\boxed{9^{9^{9^9}}}"
@@ -146,8 +146,14 @@ def test_math_verify_exact_equivalents_score_one(response: str, gold: str) -> No
 
 @pytest.mark.parametrize(
     "response, gold",
-    [("\\boxed{0.33}", "\\frac{1}{3}"), ("\\boxed{3.14}", "\\pi"), ("\\boxed{2.236070}", "\\sqrt{5}"),
-     ("\\boxed{0.13}", "\\frac{1}{8}"), ("\\boxed{\\frac{1}{3}}", "0.3333"), ("\\boxed{0.333333x}", "\\frac{x}{3}")],
+    [
+        ("\\boxed{0.33}", "\\frac{1}{3}"),
+        ("\\boxed{3.14}", "\\pi"),
+        ("\\boxed{2.236070}", "\\sqrt{5}"),
+        ("\\boxed{0.13}", "\\frac{1}{8}"),
+        ("\\boxed{\\frac{1}{3}}", "0.3333"),
+        ("\\boxed{0.333333x}", "\\frac{x}{3}"),
+    ],
 )
 def test_math_verify_approximations_that_are_not_the_gold_score_zero(response: str, gold: str) -> None:
     """Too few digits, a stated trailing digit that is wrong (sqrt 5 = 2.2360680), a finite decimal gold
@@ -157,8 +163,11 @@ def test_math_verify_approximations_that_are_not_the_gold_score_zero(response: s
 
 LABELLED = Path(__file__).parent / "fixtures" / "math_verify_labelled.jsonl"
 KNOWN_MISJUDGED = {  # (gold, answer): what the parser reads differently, before and after issue 21
-    ("50\\%", "50"), ("50\\%", "0.5"), ("100\\%", "1"),  # a boxed percentage parses as text
-    ("5\\text{ m}", "5\\text{ cm}"), ("2\\text{ kg}", "2000\\text{ g}"),  # units are dropped
+    ("50\\%", "50"),
+    ("50\\%", "0.5"),
+    ("100\\%", "1"),  # a boxed percentage parses as text
+    ("5\\text{ m}", "5\\text{ cm}"),
+    ("2\\text{ kg}", "2000\\text{ g}"),  # units are dropped
     ("-1", "i^2"),  # i is read as a symbol
     ("\\frac{\\sqrt{2}}{2}", "\\sin 45^\\circ"),  # the degree sign is dropped: sin(45)
     ("\\sqrt[3]{2+\\sqrt{5}}+\\sqrt[3]{2-\\sqrt{5}}", "1"),  # sympy's cube root of a negative is complex
@@ -172,11 +181,23 @@ def test_math_verify_labelled_set() -> None:
 
     pairs = [json.loads(line) for line in LABELLED.read_text().splitlines() if line.strip()]
     assert len(pairs) >= 300 and {p["label"] for p in pairs} == {0, 1}
-    assert {"near_miss", "factorial", "huge_power", "float_vs_fraction", "interval", "set", "units", "text",
-            "equivalent"} <= {p["category"] for p in pairs}
-    wrong = [(p["gold"], p["answer"], p["label"]) for p in pairs
-             if (p["gold"], p["answer"]) not in KNOWN_MISJUDGED
-             and judge_math_verify(p["answer"], p["gold"], internal_timeout=5) != float(p["label"])]
+    assert {
+        "near_miss",
+        "factorial",
+        "huge_power",
+        "float_vs_fraction",
+        "interval",
+        "set",
+        "units",
+        "text",
+        "equivalent",
+    } <= {p["category"] for p in pairs}
+    wrong = [
+        (p["gold"], p["answer"], p["label"])
+        for p in pairs
+        if (p["gold"], p["answer"]) not in KNOWN_MISJUDGED
+        and judge_math_verify(p["answer"], p["gold"], internal_timeout=5) != float(p["label"])
+    ]
     assert wrong == []
     assert KNOWN_MISJUDGED <= {(p["gold"], p["answer"]) for p in pairs}
 
@@ -290,6 +311,7 @@ def test_crashed_worker_is_replaced_and_sample_scored_wrong(scorer: RewardScorer
     victim.process.kill()  # the worker dies while idle: the next sample must not be blamed
     victim.process.join()
     assert scorer.score(["\\boxed{2}"], ["2"]) == [1.0]
+
     # Kill the worker mid-sample (from a timer thread) while it judges a slow answer.
     def kill_busy_worker() -> None:
         deadline = time.monotonic() + scorer.timeout_s / 2

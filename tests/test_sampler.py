@@ -29,8 +29,14 @@ from creditlab.lm.sampler import (  # noqa: E402
 )
 from creditlab.models.tiny import build_model  # noqa: E402
 
-ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=384)
+ARCH = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+)
 VOCAB, PAD, BOS, EOS = 40, 0, 1, 2
 NO_EOS = -1  # an id that is never generated
 torch.set_num_threads(1)
@@ -103,8 +109,9 @@ def test_greedy_matches_hf_generate(model):
 
     ids, mask = left_pad(prompts, PAD)
     with torch.no_grad():
-        hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
-                            eos_token_id=eos, pad_token_id=PAD)
+        hf = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=PAD
+        )
     hf_rows = [_truncate_at(row, eos) for row in hf[:, ids.shape[1] :].tolist()]  # HF pads after EOS
     assert ours.response_ids == hf_rows
     assert ours.finished == [eos in r for r in hf_rows]
@@ -115,8 +122,9 @@ def test_greedy_matches_hf_generate(model):
 def test_greedy_batched_equals_each_prompt_alone(model):
     prompts = _prompts(9, lo=2, hi=20, seed=1)
     batched = generate(model, prompts, max_new_tokens=16, eos_id=NO_EOS, pad_id=PAD, greedy=True)
-    alone = [generate(model, [p], max_new_tokens=16, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids[0]
-             for p in prompts]
+    alone = [
+        generate(model, [p], max_new_tokens=16, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids[0] for p in prompts
+    ]
     assert batched.response_ids == alone
     assert batched.prompt_ids == prompts
 
@@ -261,16 +269,18 @@ def test_generate_with_two_states(model):
     prompts = _prompts(10, seed=10)
     kw = dict(max_new_tokens=20, eos_id=EOS, pad_id=PAD, seed=4)
     params = SamplingParams(temperature=0.9)
-    second_only = generate_with([DecodeState(model), DecodeState(other)], lambda ls: ls[1], prompts,
-                                params=params, **kw)
+    second_only = generate_with(
+        [DecodeState(model), DecodeState(other)], lambda ls: ls[1], prompts, params=params, **kw
+    )
     assert second_only == generate(other, prompts, temperature=0.9, **kw)
 
     def mix(ls: list[torch.Tensor]) -> torch.Tensor:
         lp_a, lp_b = (torch.log_softmax(x, -1) for x in ls)
         return lp_a + 0.5 * (lp_a - lp_b)
 
-    mixed = generate_with([DecodeState(model), DecodeState(other)], mix, prompts,
-                          params=SamplingParams(greedy=True), **kw)
+    mixed = generate_with(
+        [DecodeState(model), DecodeState(other)], mix, prompts, params=SamplingParams(greedy=True), **kw
+    )
     # reference: recompute the mixed argmax with full forwards on the chosen prefix
     for p, r in zip(prompts, mixed.response_ids):
         for t, tok in enumerate(r):

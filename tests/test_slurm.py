@@ -97,11 +97,14 @@ def test_profile_is_complete_and_commented():
     # profile must not override them
     assert "gpu" not in sets["train"] and "nodes" not in sets["train"]
     assert all("gpu" not in sets[r] and "slurm_partition" in sets[r] for r in ("evaluate", "evaluate_decode"))
-    assert all("gpu" not in sets.get(r, {}) and "gres" not in sets.get(r, {})
-               for r in ("init_tracking", "prepare_data", "table", "ledger", "figure", "token_credit_figure"))
+    assert all(
+        "gpu" not in sets.get(r, {}) and "gres" not in sets.get(r, {})
+        for r in ("init_tracking", "prepare_data", "table", "ledger", "figure", "token_credit_figure")
+    )
     assert "gpu" not in prof["default-resources"]
-    rules = set(re.findall(r"^rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow/rules").glob("*.smk")),
-                           re.M))
+    rules = set(
+        re.findall(r"^rule (\w+):", "".join(p.read_text() for p in (REPO / "workflow/rules").glob("*.smk")), re.M)
+    )
     assert set(sets) <= rules, set(sets) - rules  # no typo in a rule name
     for line in text.splitlines():
         if "CHANGE_ME" in line and not line.lstrip().startswith("#"):
@@ -119,10 +122,32 @@ def test_snakemake_reads_the_profile(tmp_path):
     reach the jobs as meant: a dry run of the micro slice with the file as it is."""
     results = tmp_path / "results"
     proc = subprocess.run(
-        ["timeout", "-k", "10", "300", SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-         "--profile", str(PROFILE.parent), "-n", "--verbose", str(results / TARGET),
-         "--config", "scale=micro", f"results={results}", "papers=[dlogp]"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=330)
+        [
+            "timeout",
+            "-k",
+            "10",
+            "300",
+            SNAKEMAKE,
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--profile",
+            str(PROFILE.parent),
+            "-n",
+            "--verbose",
+            str(results / TARGET),
+            "--config",
+            "scale=micro",
+            f"results={results}",
+            "papers=[dlogp]",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=330,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert f"Using profile {PROFILE.parent}" in out
@@ -156,25 +181,48 @@ def test_micro_dag_through_sbatch(slurm_cluster, tmp_path):
     # jobs run `<this python> -m snakemake` again on the node: this venv first on PATH (after the cluster's shim)
     bin_dirs = [str(cluster.bin), str(Path(sys.executable).parent)]
     env["PATH"] = os.pathsep.join(bin_dirs + [p for p in env["PATH"].split(os.pathsep) if p not in bin_dirs])
-    cmd = ["timeout", "-k", "10", str(TIMEOUT_S), SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"),
-           "--directory", str(work), "--profile", str(profile_dir), str(results / TARGET),
-           "--config", "scale=micro", f"results={results}", "papers=[dlogp]"]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        str(TIMEOUT_S),
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--profile",
+        str(profile_dir),
+        str(results / TARGET),
+        "--config",
+        "scale=micro",
+        f"results={results}",
+        "papers=[dlogp]",
+    ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S + 30)
     wall = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     jobs = cluster.jobs()
-    detail = (f"rc={proc.returncode} after {wall:.0f} s\n{out[-6000:]}\n--- squeue:\n"
-              + cluster.cmd("squeue", "--states=all", "-o", "%i %j %T %k", check=False).stdout
-              + "\n" + cluster.log_tail(15))
+    detail = (
+        f"rc={proc.returncode} after {wall:.0f} s\n{out[-6000:]}\n--- squeue:\n"
+        + cluster.cmd("squeue", "--states=all", "-o", "%i %j %T %k", check=False).stdout
+        + "\n"
+        + cluster.log_tail(15)
+    )
     assert proc.returncode == 0, detail
     print(f"micro DAG slice through SLURM: {len(jobs)} jobs in {wall:.0f} s")
 
     # the outputs
     micro = results / "micro"
-    for f in (micro / "tables/dlogp/ablation.csv", micro / "tables/dlogp/ablation.md",
-              micro / "figures/dlogp/ablation_training_curves.png", micro / "runs/micro-s/ppl-ds/s0/DONE",
-              micro / "evals/micro-s/dlogp-ds-a0.2/s0/metrics.json", micro / "models/micro-s/base/DONE"):
+    for f in (
+        micro / "tables/dlogp/ablation.csv",
+        micro / "tables/dlogp/ablation.md",
+        micro / "figures/dlogp/ablation_training_curves.png",
+        micro / "runs/micro-s/ppl-ds/s0/DONE",
+        micro / "evals/micro-s/dlogp-ds-a0.2/s0/metrics.json",
+        micro / "models/micro-s/base/DONE",
+    ):
         assert f.is_file(), f
 
     # every job went through sbatch: slurmctld knows one finished batch job per DAG job, named by the profile's
@@ -196,9 +244,12 @@ def test_micro_dag_through_sbatch(slurm_cluster, tmp_path):
 
     # the job bodies ran inside those SLURM jobs: each RL run's MLflow run carries the SLURM job id of a train job
     with sqlite3.connect(results / "mlflow.db") as db:
-        tagged = dict(db.execute(
-            "select a.value, b.value from tags a join tags b on a.run_uuid = b.run_uuid "
-            "where a.key = 'run_key' and b.key = 'slurm_job_id' and a.value like 'micro/micro-s/%/s0'").fetchall())
+        tagged = dict(
+            db.execute(
+                "select a.value, b.value from tags a join tags b on a.run_uuid = b.run_uuid "
+                "where a.key = 'run_key' and b.key = 'slurm_job_id' and a.value like 'micro/micro-s/%/s0'"
+            ).fetchall()
+        )
     assert set(tagged) == {f"micro/micro-s/{r}/s0" for r in ("ppl-ds", "dominate-ds", "dlogp-ds-a0.2")}, tagged
     assert set(tagged.values()) == {j["JobId"] for j in per_rule["train"]}, tagged
 
@@ -216,28 +267,66 @@ def test_ray_cluster_on_a_slurm_allocation(slurm_cluster, tmp_path):
     import socket as _socket
 
     out = tmp_path / "ray.out"
-    driver = ("import json, os, ray; ray.init(logging_level='ERROR'); "
-              "print('RESULT', json.dumps({'address': os.environ.get('RAY_ADDRESS'), 'nodes': len(ray.nodes()), "
-              "'auth': os.environ.get('RAY_AUTH_MODE')}))")
+    driver = (
+        "import json, os, ray; ray.init(logging_level='ERROR'); "
+        "print('RESULT', json.dumps({'address': os.environ.get('RAY_ADDRESS'), 'nodes': len(ray.nodes()), "
+        "'auth': os.environ.get('RAY_AUTH_MODE')}))"
+    )
     port = _socket.socket()
     port.bind(("127.0.0.1", 0))
     free = port.getsockname()[1]
     port.close()
     script = tmp_path / "ray_job.sh"
-    script.write_text("#!/bin/bash\n" + " ".join([
-        sys.executable, "-m", "creditlab.engines.verl.ray_slurm", "--force-cluster", "--port", str(free),
-        "--timeout", "240", "--", sys.executable, "-c", repr(driver)]) + "\n")
+    script.write_text(
+        "#!/bin/bash\n"
+        + " ".join(
+            [
+                sys.executable,
+                "-m",
+                "creditlab.engines.verl.ray_slurm",
+                "--force-cluster",
+                "--port",
+                str(free),
+                "--timeout",
+                "240",
+                "--",
+                sys.executable,
+                "-c",
+                repr(driver),
+            ]
+        )
+        + "\n"
+    )
     script.chmod(0o755)
     env = {**slurm_cluster.env, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run(["timeout", "-k", "10", "400", "sbatch", "--wait", f"--partition={slurm_cluster.partition}",
-                           "--nodes=1", "--cpus-per-task=1", "--mem=3000", f"--output={out}", str(script)],
-                          env=env, capture_output=True, text=True, timeout=420)
+    proc = subprocess.run(
+        [
+            "timeout",
+            "-k",
+            "10",
+            "400",
+            "sbatch",
+            "--wait",
+            f"--partition={slurm_cluster.partition}",
+            "--nodes=1",
+            "--cpus-per-task=1",
+            "--mem=3000",
+            f"--output={out}",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     log = out.read_text() if out.exists() else ""
     assert proc.returncode == 0, proc.stdout + proc.stderr + log[-3000:]
     result = json.loads(log.split("RESULT ", 1)[1].splitlines()[0])
     assert result["nodes"] == 1 and result["auth"] == "token"
     assert result["address"] and result["address"].endswith(f":{free}"), result
-    assert f"ray_slurm: head {result['address'].rsplit(':', 1)[0]} ({slurm_cluster.node}), 1 node(s)" in log, log[-2000:]
+    assert f"ray_slurm: head {result['address'].rsplit(':', 1)[0]} ({slurm_cluster.node}), 1 node(s)" in log, log[
+        -2000:
+    ]
 
 
 def test_ray_worker_step_spans_the_other_nodes():

@@ -22,8 +22,9 @@ SNAKEMAKE = BIN / "snakemake"
 sys.path.insert(0, str(ROOT / "tools"))
 from snakemake_run import lock_holders, runs_pipeline_job, runs_snakemake  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/cwd").exists() or not SNAKEMAKE.exists(),
-                                reason="needs Linux /proc and the venv's snakemake")
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/cwd").exists() or not SNAKEMAKE.exists(), reason="needs Linux /proc and the venv's snakemake"
+)
 
 SNAKEFILE = """\
 rule all:
@@ -53,8 +54,13 @@ def _locks(directory: Path) -> list[str]:
 def _start_locked_run(directory: Path) -> subprocess.Popen:
     """A Snakemake run whose job sleeps, in its own process group; returns once it holds the lock."""
     (directory / "slow").touch()
-    proc = subprocess.Popen([str(SNAKEMAKE), "--cores", "1"], cwd=directory, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(SNAKEMAKE), "--cores", "1"],
+        cwd=directory,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not _locks(directory):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -95,8 +101,9 @@ def test_a_running_snakemake_keeps_its_lock(workflow: Path) -> None:
     proc = _start_locked_run(workflow)
     try:
         assert [pid for pid, _ in lock_holders(workflow)] == [proc.pid]
-        second = _run([str(BIN / "python"), str(ROOT / "tools" / "snakemake_run.py"), str(SNAKEMAKE), "--cores",
-                       "1"], workflow)
+        second = _run(
+            [str(BIN / "python"), str(ROOT / "tools" / "snakemake_run.py"), str(SNAKEMAKE), "--cores", "1"], workflow
+        )
         assert second.returncode != 0 and "LockException" in second.stdout + second.stderr
         assert "lock kept" in second.stderr and f"pid {proc.pid}" in second.stderr
         assert _locks(workflow) == ["0.input.lock", "0.output.lock"] and proc.poll() is None

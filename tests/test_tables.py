@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from table_helpers import cell as _cell
 from creditlab.papers.load import load_paper, load_papers
 from creditlab.papers.spec import resolve_metric
 from creditlab.tables.build import build_table, write_table
@@ -19,6 +18,7 @@ from creditlab.tables.figures import plot_training_curves
 from creditlab.tables.frame import LONG_COLUMNS
 from creditlab.tables.load import metrics_path, question_values
 from creditlab.tables.render import table_markdown
+from table_helpers import cell as _cell
 
 FIXTURES = Path(__file__).parent / "fixtures" / "papers"
 REPO = Path(__file__).resolve().parents[1]
@@ -73,11 +73,13 @@ def test_lookup_errors_name_choices() -> None:
 
 def _set(path: list, value):
     """A mutation setting data[path...] = value."""
+
     def mutate(data: dict) -> None:
         target = data
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
+
     return mutate
 
 
@@ -88,31 +90,49 @@ def _append_row(data: dict) -> None:
 MAIN = ["tables", "main"]
 SPEC_ERRORS = {
     "unknown run": (_set([*MAIN, "rows", 1, "run"], "r2"), "run", "'r2'", "['base', 'r1']"),
-    "unknown backbone": (_set([*MAIN, "rows", 0, "backbone"], "Tiny-1B"), "backbone",
-                         "'Tiny-1B'", "['Big-7B', 'Huge-14B']"),
-    "unknown benchmark": (_set([*MAIN, "columns", 0, "benchmark"], "D"), "benchmark", "'D'",
-                          "['A', 'B', 'C']"),
-    "unknown benchmark in list": (_set([*MAIN, "columns", 4, "benchmarks"], ["A", "D"]),
-                                  "benchmarks[1]", "'D'", "['A', 'B', 'C']"),
-    "average_of missing": (_set([*MAIN, "columns", 3, "average_of"], ["A", "Z"]), "average_of",
-                           "'Z'", "['A', 'B', 'A-greedy']"),
-    "average_of later": (_set([*MAIN, "columns", 3, "average_of"], ["A", "Pass@k"]),
-                         "average_of", "'Pass@k'", "['A', 'B', 'A-greedy']"),
-    "paper number of no column": (_set([*MAIN, "rows", 0, "paper", "Q"], 1.0), "paper.Q", "'Q'",
-                                  "'AvgCount'"),
-    "column without source": (_set([*MAIN, "columns", 1], {"name": "B", "metric": "avg@k"}),
-                              "columns[1]", "exactly one", "'average_of'"),
-    "bad metric": (_set([*MAIN, "columns", 0, "metric"], "avg@32"), "metric", "'avg@32'",
-                   "['greedy', 'avg@k', 'pass@k', 'pass@1', 'replacement_rate', 'step_time', 'steps_to', 'train_mean', "
-                   "'versus']"),
+    "unknown backbone": (
+        _set([*MAIN, "rows", 0, "backbone"], "Tiny-1B"),
+        "backbone",
+        "'Tiny-1B'",
+        "['Big-7B', 'Huge-14B']",
+    ),
+    "unknown benchmark": (_set([*MAIN, "columns", 0, "benchmark"], "D"), "benchmark", "'D'", "['A', 'B', 'C']"),
+    "unknown benchmark in list": (
+        _set([*MAIN, "columns", 4, "benchmarks"], ["A", "D"]),
+        "benchmarks[1]",
+        "'D'",
+        "['A', 'B', 'C']",
+    ),
+    "average_of missing": (
+        _set([*MAIN, "columns", 3, "average_of"], ["A", "Z"]),
+        "average_of",
+        "'Z'",
+        "['A', 'B', 'A-greedy']",
+    ),
+    "average_of later": (
+        _set([*MAIN, "columns", 3, "average_of"], ["A", "Pass@k"]),
+        "average_of",
+        "'Pass@k'",
+        "['A', 'B', 'A-greedy']",
+    ),
+    "paper number of no column": (_set([*MAIN, "rows", 0, "paper", "Q"], 1.0), "paper.Q", "'Q'", "'AvgCount'"),
+    "column without source": (
+        _set([*MAIN, "columns", 1], {"name": "B", "metric": "avg@k"}),
+        "columns[1]",
+        "exactly one",
+        "'average_of'",
+    ),
+    "bad metric": (
+        _set([*MAIN, "columns", 0, "metric"], "avg@32"),
+        "metric",
+        "'avg@32'",
+        "['greedy', 'avg@k', 'pass@k', 'pass@1', 'replacement_rate', 'step_time', 'steps_to', 'train_mean', 'versus']",
+    ),
     "duplicate row": (_append_row, "rows[2]", "duplicate row", "Base/Big-7B"),
     "unknown top-level key": (_set(["tabels"], {}), "tabels", "unknown key", "'tables'"),
-    "reserved run name": (_set(["runs", "base"], {"method": "dapo"}), "runs.base", "reserved",
-                          None),
-    "missing scale": (_set(["benchmarks", "C"], {"tiny": "sc"}), "benchmarks.C", "'paper'",
-                      "['paper', 'tiny']"),
-    "unknown column key": (_set([*MAIN, "columns", 0, "metrics"], "greedy"), "metrics",
-                           "unknown key", "'metric'"),
+    "reserved run name": (_set(["runs", "base"], {"method": "dapo"}), "runs.base", "reserved", None),
+    "missing scale": (_set(["benchmarks", "C"], {"tiny": "sc"}), "benchmarks.C", "'paper'", "['paper', 'tiny']"),
+    "unknown column key": (_set([*MAIN, "columns", 0, "metrics"], "greedy"), "metrics", "unknown key", "'metric'"),
 }
 
 
@@ -156,22 +176,37 @@ SEED0 = {
 SEED1 = {**SEED0, "sa": ([4, 4, 0, 1], [1, 1, 1, 0])}
 
 
-def write_eval(evals_dir: Path, backbone: str, run: str, seed: int,
-               suites: dict[str, tuple[list[int], list[int]]], summary: dict | None = None) -> Path:
+def write_eval(
+    evals_dir: Path,
+    backbone: str,
+    run: str,
+    seed: int,
+    suites: dict[str, tuple[list[int], list[int]]],
+    summary: dict | None = None,
+) -> Path:
     """Write a metrics.json in the evaluation's format with the given per-question data."""
     blocks = {}
     for name, (counts, greedy) in suites.items():
         blocks[name] = {
-            "n_questions": len(counts), "k": K,
+            "n_questions": len(counts),
+            "k": K,
             "metrics": (summary or {}).get(name, {}),
-            "per_question": {"ids": [f"{name}-{i}" for i in range(len(counts))],
-                             "greedy": greedy, "n": K, "c": counts},
+            "per_question": {"ids": [f"{name}-{i}" for i in range(len(counts))], "greedy": greedy, "n": K, "c": counts},
         }
     run_key = f"tiny/{backbone}/{run}/s{seed}"
-    data = {"suites": blocks, "k": K, "ks": [1, K], "settings": {"temperature": 1.0},
-            "provenance": {"run_key": run_key, "mlflow_run_id": f"id-{run}-{seed}",
-                           "commit": "abc123", "config": f"results/tiny/runs/{run_key}/config.yaml",
-                           "scale": "tiny"}}
+    data = {
+        "suites": blocks,
+        "k": K,
+        "ks": [1, K],
+        "settings": {"temperature": 1.0},
+        "provenance": {
+            "run_key": run_key,
+            "mlflow_run_id": f"id-{run}-{seed}",
+            "commit": "abc123",
+            "config": f"results/tiny/runs/{run_key}/config.yaml",
+            "scale": "tiny",
+        },
+    }
     path = metrics_path(evals_dir, backbone, run, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
@@ -194,8 +229,7 @@ def _pass(n: int, c: int, k: int) -> float:
 
 
 def test_question_values_by_hand() -> None:
-    block = {"per_question": {"ids": list("abcd"), "greedy": [1, 0, 1, 0], "n": 4,
-                              "c": [4, 2, 0, 1]}}
+    block = {"per_question": {"ids": list("abcd"), "greedy": [1, 0, 1, 0], "n": 4, "c": [4, 2, 0, 1]}}
     assert question_values(block, "greedy").tolist() == [1, 0, 1, 0]
     assert question_values(block, "avg@4").tolist() == [1.0, 0.5, 0.0, 0.25]
     assert np.allclose(question_values(block, "pass@2"), [1.0, 1 - 1 / 6, 0.0, 0.5])
@@ -266,8 +300,7 @@ def test_build_table_errors(evals: Path) -> None:
 
 
 def test_build_table_warns_when_summary_disagrees(evals: Path) -> None:
-    summary = {"sa": {"avg@4": {"mean": 0.9, "lo": 0.8, "hi": 1.0},
-                      "greedy": {"mean": 0.5, "lo": 0.0, "hi": 1.0}}}
+    summary = {"sa": {"avg@4": {"mean": 0.9, "lo": 0.8, "hi": 1.0}, "greedy": {"mean": 0.5, "lo": 0.0, "hi": 1.0}}}
     write_eval(evals, "tiny-s", "base", 4, SEED0, summary=summary)
     write_eval(evals, "tiny-s", "r1", 4, SEED0)
     with pytest.warns(UserWarning, match=r"avg@4 recomputed .* 0\.437500.* 0\.900000"):
@@ -283,13 +316,23 @@ def test_write_table_csv_and_markdown(evals: Path, tmp_path: Path) -> None:
     assert list(back.columns) == list(LONG_COLUMNS) and len(back) == len(df)
     assert back["ours_mean"].tolist() == pytest.approx(df["ours_mean"].tolist())
     md = out_md.read_text()
-    for text in ("NOT the paper's results", "not comparable in absolute value",
-                 "A -> tiny suite `sa`", "Big-7B -> tiny backbone `tiny-s`",
-                 "| Big-7B | Base |", "14.79", "51.52", "35.73", "A ours (tiny)", "A paper",
-                 "Commit: `abc123`", "id-r1-0, id-r1-1",
-                 "`results/tiny/runs/tiny/tiny-s/r1/s1/config.yaml`",
-                 "plain mean of the suite means of A, B",
-                 "pass@4, plain mean over `sa`, `sb`, `sc`"):
+    for text in (
+        "NOT the paper's results",
+        "not comparable in absolute value",
+        "A -> tiny suite `sa`",
+        "Big-7B -> tiny backbone `tiny-s`",
+        "| Big-7B | Base |",
+        "14.79",
+        "51.52",
+        "35.73",
+        "A ours (tiny)",
+        "A paper",
+        "Commit: `abc123`",
+        "id-r1-0, id-r1-1",
+        "`results/tiny/runs/tiny/tiny-s/r1/s1/config.yaml`",
+        "plain mean of the suite means of A, B",
+        "pass@4, plain mean over `sa`, `sb`, `sc`",
+    ):
         assert text in md, text
     a = _cell(df, "Base", "A")
     assert f"{a.ours_mean:.2f} [{a.ours_lo:.2f}, {a.ours_hi:.2f}]" in md
@@ -309,16 +352,16 @@ def _jsonl(path: Path, records: list[dict]) -> Path:
 
 
 def test_plot_training_curves_writes_png(tmp_path: Path) -> None:
-    full = [{"step": s, "reward_mean": s / 10, "response_len_mean": 50 + s,
-             "entropy_mean": 1 / (1 + s)} for s in range(10)]
+    full = [
+        {"step": s, "reward_mean": s / 10, "response_len_mean": 50 + s, "entropy_mean": 1 / (1 + s)} for s in range(10)
+    ]
     partial = [{"step": s, "reward_mean": s / 20, "response_len_mean": 40 + s} for s in range(10)]
     a = _jsonl(tmp_path / "a.jsonl", full)
     b = _jsonl(tmp_path / "b.jsonl", partial)
     with open(b, "a") as fh:
         fh.write('{"step": 10, "reward_me')  # cut by a killed job
     with pytest.warns(UserWarning) as record:
-        out = plot_training_curves({"DAPO": a, "Δlog p": b}, tmp_path / "fig" / "curves.png",
-                                   title="toy")
+        out = plot_training_curves({"DAPO": a, "Δlog p": b}, tmp_path / "fig" / "curves.png", title="toy")
     messages = " ".join(str(w.message) for w in record)
     assert "'entropy_mean'" in messages and "not valid JSON" in messages
     assert out.stat().st_size > 1000

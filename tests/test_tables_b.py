@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
 from creditlab.papers.load import parse_paper
@@ -30,17 +29,24 @@ from creditlab.tables.token_credit import (
     visible,
     write_token_credit,
 )
+from table_helpers import DELETE as _DELETE
+from table_helpers import cell as _cell
+from table_helpers import edit as _edit
 
 K = 8  # = the tiny evaluation k (the CLI test resolves avg@k with it)
 PAPER = {
     "paper": "tb",
     "title": "Paper B toy: DelTA-like (test fixture)",
-    "backbones": {"Small-8B": {"tiny": "tiny-s", "paper": "small-8b"},
-                  "Large-14B": {"tiny": "tiny-m", "paper": "large-14b"}},
-    "benchmarks": {"A": {"tiny": "sa", "paper": "bench-a"},
-                   "B": {"tiny": "sb", "paper": "bench-b"},
-                   "N": {"tiny": None, "paper": "bench-n"},
-                   "M": {"tiny": None, "paper": "bench-m"}},
+    "backbones": {
+        "Small-8B": {"tiny": "tiny-s", "paper": "small-8b"},
+        "Large-14B": {"tiny": "tiny-m", "paper": "large-14b"},
+    },
+    "benchmarks": {
+        "A": {"tiny": "sa", "paper": "bench-a"},
+        "B": {"tiny": "sb", "paper": "bench-b"},
+        "N": {"tiny": None, "paper": "bench-n"},
+        "M": {"tiny": None, "paper": "bench-m"},
+    },
     "runs": {"dapo": {"method": "dapo"}, "delta": {"method": "delta"}},
     "tables": {
         "main": {
@@ -56,17 +62,25 @@ PAPER = {
             ],
             "rows": [
                 {"label": "Base", "backbone": "Small-8B", "run": "base"},
-                {"label": "DAPO", "backbone": "Small-8B", "run": "dapo",
-                 "paper": {"A": 30.0, "N": 20.0, "Avg": 25.0, "All": 22.0}},
+                {
+                    "label": "DAPO",
+                    "backbone": "Small-8B",
+                    "run": "dapo",
+                    "paper": {"A": 30.0, "N": 20.0, "Avg": 25.0, "All": 22.0},
+                },
                 {"label": "DelTA", "backbone": "Small-8B", "run": "delta", "paper": {"Overhead": 10.2}},
             ],
         },
         "cost": {  # at tiny: only the step time is shown, no evaluation is read
-            "columns": [{"name": "Code", "benchmark": "N", "metric": "avg@k"},
-                        {"name": "Step time (s)", "metric": "step_time"}],
-            "rows": [{"label": "Base", "backbone": "Large-14B", "run": "base"},
-                     {"label": "DAPO", "backbone": "Large-14B", "run": "dapo"},
-                     {"label": "DelTA", "backbone": "Large-14B", "run": "delta"}],
+            "columns": [
+                {"name": "Code", "benchmark": "N", "metric": "avg@k"},
+                {"name": "Step time (s)", "metric": "step_time"},
+            ],
+            "rows": [
+                {"label": "Base", "backbone": "Large-14B", "run": "base"},
+                {"label": "DAPO", "backbone": "Large-14B", "run": "dapo"},
+                {"label": "DelTA", "backbone": "Large-14B", "run": "delta"},
+            ],
         },
         "unmapped": {  # no column at tiny: not built there
             "columns": [{"name": "NM", "benchmarks": ["N", "M"], "metric": "avg@k"}],
@@ -77,15 +91,25 @@ PAPER = {
         "selection": {"kind": "bars", "table": "main", "y": "A", "caption": "Bars."},
         "overhead": {"kind": "bars", "table": "main", "y": "Overhead"},
         "n_bars": {"kind": "bars", "table": "main", "y": "N"},  # N has no tiny stand-in: not drawn there
-        "clouds": {"kind": "token_credit", "backbone": "Small-8B", "run": "delta", "top": 3, "min_count": 5,
-                   "caption": "Token clouds."},
+        "clouds": {
+            "kind": "token_credit",
+            "backbone": "Small-8B",
+            "run": "delta",
+            "top": 3,
+            "min_count": 5,
+            "caption": "Token clouds.",
+        },
     },
 }
 
 SUITES = {"sa": ([8, 4, 0, 2], [1, 1, 0, 0]), "sb": ([0, 0, 8, 8, 4], [0, 0, 1, 1, 1])}
 # t_step per step, per (run, seed): delta is slower than dapo
-STEPS = {("dapo", 0): [1.0, 1.2, 0.8, 1.0], ("dapo", 1): [1.1, 0.9],
-         ("delta", 0): [1.3, 1.1, 1.2, 1.2], ("delta", 1): [1.0, 1.4]}
+STEPS = {
+    ("dapo", 0): [1.0, 1.2, 0.8, 1.0],
+    ("dapo", 1): [1.1, 0.9],
+    ("delta", 0): [1.3, 1.1, 1.2, 1.2],
+    ("delta", 1): [1.0, 1.4],
+}
 
 
 def _paper(data: dict | None = None):
@@ -93,12 +117,26 @@ def _paper(data: dict | None = None):
 
 
 def _write_eval(evals_dir: Path, backbone: str, run: str, seed: int) -> Path:
-    blocks = {name: {"n_questions": len(c), "k": K, "metrics": {},
-                     "per_question": {"ids": [f"{name}-{i}" for i in range(len(c))], "greedy": g, "n": K, "c": c}}
-              for name, (c, g) in SUITES.items()}  # no suite for N / M: the tiny world has none
+    blocks = {
+        name: {
+            "n_questions": len(c),
+            "k": K,
+            "metrics": {},
+            "per_question": {"ids": [f"{name}-{i}" for i in range(len(c))], "greedy": g, "n": K, "c": c},
+        }
+        for name, (c, g) in SUITES.items()
+    }  # no suite for N / M: the tiny world has none
     key = f"tiny/{backbone}/{run}/s{seed}"
-    data = {"suites": blocks, "k": K, "provenance": {"run_key": key, "mlflow_run_id": f"ev-{run}-{seed}",
-                                                     "commit": "abc123", "config": f"cfg/{key}.yaml"}}
+    data = {
+        "suites": blocks,
+        "k": K,
+        "provenance": {
+            "run_key": key,
+            "mlflow_run_id": f"ev-{run}-{seed}",
+            "commit": "abc123",
+            "config": f"cfg/{key}.yaml",
+        },
+    }
     path = metrics_path(evals_dir, backbone, run, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
@@ -108,14 +146,27 @@ def _write_eval(evals_dir: Path, backbone: str, run: str, seed: int) -> Path:
 def _write_run(runs_dir: Path, backbone: str, run: str, seed: int, times: list[float], done: bool = True) -> Path:
     path = run_metrics_path(runs_dir, backbone, run, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"step": i, "reward_mean": 0.1 * i, "response_len_mean": 9.0 + i,
-                                        "entropy_mean": 1.0 / (1 + i), "t_step": t}) + "\n"
-                            for i, t in enumerate(times)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": i,
+                    "reward_mean": 0.1 * i,
+                    "response_len_mean": 9.0 + i,
+                    "entropy_mean": 1.0 / (1 + i),
+                    "t_step": t,
+                }
+            )
+            + "\n"
+            for i, t in enumerate(times)
+        )
+    )
     (path.parent / "config.yaml").write_text("x: 1\n")
     if done:
         key = f"tiny/{backbone}/{run}/s{seed}"
-        (path.parent / "DONE").write_text(json.dumps({"run_key": key, "mlflow_run_id": f"tr-{run}-{seed}",
-                                                      "commit": "abc123"}))
+        (path.parent / "DONE").write_text(
+            json.dumps({"run_key": key, "mlflow_run_id": f"tr-{run}-{seed}", "commit": "abc123"})
+        )
     return path
 
 
@@ -131,7 +182,6 @@ def results(tmp_path: Path) -> Path:
                 if run != "base":
                     _write_run(root / "tiny" / "runs", backbone, run, seed, STEPS[(run, seed)])
     return root
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +208,12 @@ def test_null_mapping_and_scale_views():
     assert tb.table("main").leaves(step) == []
     clouds = tb.figures["clouds"]
     assert (clouds.kind, clouds.backbone, clouds.run, clouds.top, clouds.min_count) == (
-        "token_credit", "Small-8B", "delta", 3, 5)
+        "token_credit",
+        "Small-8B",
+        "delta",
+        3,
+        5,
+    )
     data = copy.deepcopy(PAPER)
     del data["figures"]["clouds"]["top"], data["figures"]["clouds"]["min_count"]
     assert (_paper(data).figures["clouds"].top, _paper(data).figures["clouds"].min_count) == (15, 20)
@@ -166,30 +221,49 @@ def test_null_mapping_and_scale_views():
 
 COLS = ["tables", "main", "columns"]
 B_ERRORS = {
-    "step_time with a benchmark": (_edit([*COLS, 5, "benchmark"], "A"), "columns[5] (Step time (s)).benchmark",
-                                   "takes no benchmark"),
+    "step_time with a benchmark": (
+        _edit([*COLS, 5, "benchmark"], "A"),
+        "columns[5] (Step time (s)).benchmark",
+        "takes no benchmark",
+    ),
     "step_time with weighting": (_edit([*COLS, 5, "weighting"], "count"), "weighting", "averages no suites"),
-    "accuracy without benchmark": (_edit([*COLS, 0], {"name": "A", "metric": "avg@k"}), "columns[0]",
-                                   "exactly one of benchmark / benchmarks / average_of"),
-    "relative_to on accuracy": (_edit([*COLS, 0, "relative_to"], "dapo"), "relative_to",
-                                "training-cost column only"),
-    "relative_to unknown run": (_edit([*COLS, 6, "relative_to"], "dapoo"), "relative_to",
-                                "unknown value 'dapoo'; choices: ['dapo', 'delta']"),
-    "relative_to without reference row": (_edit(["tables", "main", "rows", 1, "backbone"], "Large-14B"),
-                                          "(Overhead).relative_to", "no row of run 'dapo' on backbone 'Small-8B'"),
-    "average of step time": (_edit([*COLS, 6], {"name": "X", "average_of": ["A", "Step time (s)"]}), "average_of",
-                             "training-cost column"),
-    "null backbone": (_edit(["backbones", "Small-8B", "tiny"], None), "backbones.Small-8B.tiny",
-                      "non-empty string"),
-    "benchmark missing a scale": (_edit(["benchmarks", "N"], {"paper": "bench-n"}), "benchmarks.N",
-                                  "no mapping for scale(s) ['tiny']"),
+    "accuracy without benchmark": (
+        _edit([*COLS, 0], {"name": "A", "metric": "avg@k"}),
+        "columns[0]",
+        "exactly one of benchmark / benchmarks / average_of",
+    ),
+    "relative_to on accuracy": (_edit([*COLS, 0, "relative_to"], "dapo"), "relative_to", "training-cost column only"),
+    "relative_to unknown run": (
+        _edit([*COLS, 6, "relative_to"], "dapoo"),
+        "relative_to",
+        "unknown value 'dapoo'; choices: ['dapo', 'delta']",
+    ),
+    "relative_to without reference row": (
+        _edit(["tables", "main", "rows", 1, "backbone"], "Large-14B"),
+        "(Overhead).relative_to",
+        "no row of run 'dapo' on backbone 'Small-8B'",
+    ),
+    "average of step time": (
+        _edit([*COLS, 6], {"name": "X", "average_of": ["A", "Step time (s)"]}),
+        "average_of",
+        "training-cost column",
+    ),
+    "null backbone": (_edit(["backbones", "Small-8B", "tiny"], None), "backbones.Small-8B.tiny", "non-empty string"),
+    "benchmark missing a scale": (
+        _edit(["benchmarks", "N"], {"paper": "bench-n"}),
+        "benchmarks.N",
+        "no mapping for scale(s) ['tiny']",
+    ),
     "bars with x": (_edit(["figures", "selection", "x"], "A"), "figures.selection.x", "takes no key 'x'"),
     "bars unknown y": (_edit(["figures", "selection", "y"], "Nope"), "figures.selection.y", "'Nope'"),
     "bars without table": (_edit(["figures", "selection", "table"], _DELETE), "figures.selection.table", "None"),
     "token_credit top 0": (_edit(["figures", "clouds", "top"], 0), "figures.clouds.top", "positive integer"),
     "token_credit base run": (_edit(["figures", "clouds", "run"], "base"), "figures.clouds.run", "'base'"),
-    "unknown figure kind": (_edit(["figures", "clouds", "kind"], "clouds"), "kind",
-                            "['replacement_curves', 'token_histograms', 'bars', 'token_credit', 'scatter']"),
+    "unknown figure kind": (
+        _edit(["figures", "clouds", "kind"], "clouds"),
+        "kind",
+        "['replacement_curves', 'token_histograms', 'bars', 'token_credit', 'scatter']",
+    ),
 }
 
 
@@ -221,12 +295,15 @@ def test_unmapped_benchmarks_omitted_and_partially_averaged(results: Path):
     assert every.ours_mean == pytest.approx(100 * (1.75 + 2.5) / 9) and every.left_out == "N;M"
     assert every.n_questions == 9 and _cell(df, "DAPO", "A").left_out == ""
     md = table_markdown(df, tb.table("main"), tb)
-    for text in ("Columns **omitted** (none of their benchmarks has a tiny stand-in): N (N), NM (N, M).",
-                 "**Avg** averages only 1 of its 2 benchmarks here (left out: N)",
-                 "**All** averages only 2 of its 4 benchmarks here (left out: N, M); its *paper* number is the "
-                 "paper's 4-benchmark value: do not compare the two.",
-                 "- N -> no tiny stand-in (left out)", "- A -> tiny suite `sa`",
-                 "**averages 2 of the paper's 4 benchmarks**: left out (no tiny stand-in): N, M"):
+    for text in (
+        "Columns **omitted** (none of their benchmarks has a tiny stand-in): N (N), NM (N, M).",
+        "**Avg** averages only 1 of its 2 benchmarks here (left out: N)",
+        "**All** averages only 2 of its 4 benchmarks here (left out: N, M); its *paper* number is the "
+        "paper's 4-benchmark value: do not compare the two.",
+        "- N -> no tiny stand-in (left out)",
+        "- A -> tiny suite `sa`",
+        "**averages 2 of the paper's 4 benchmarks**: left out (no tiny stand-in): N, M",
+    ):
         assert text in md, text
     assert "| N ours (tiny)" not in md and "NM ours" not in md
     at_paper = _paper()  # at paper scale nothing is left out (the suites are the paper's)
@@ -286,8 +363,10 @@ def test_step_time_only_table_reads_no_evaluation_and_roundtrips(results: Path, 
 
 def test_read_step_times_resumed_cut_and_missing(tmp_path: Path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 0, "t_step": 2.0}\n{"step": 1, "t_step": 3.0}\n{"step": 1, "t_step": 5.0}\n'
-                    '{"step": 2, "t_step": NaN}\n{"step": 3, "t_st')
+    path.write_text(
+        '{"step": 0, "t_step": 2.0}\n{"step": 1, "t_step": 3.0}\n{"step": 1, "t_step": 5.0}\n'
+        '{"step": 2, "t_step": NaN}\n{"step": 3, "t_st'
+    )
     with pytest.warns(UserWarning, match="not valid JSON"):
         assert read_step_times(path).tolist() == [2.0, 5.0]  # resumed step 1 keeps its last record
     path.write_text('{"step": 0, "reward_mean": 1.0}\n')
@@ -320,15 +399,16 @@ TOKENS = [
     {"token": "\n", "id": 6, "count": 20, "mean": 0.82},
     {"token": "+", "id": 7, "count": 10, "mean": 1.10},
     {"token": "+", "id": 8, "count": 10, "mean": 0.90},  # same string as id 7: merged (count 20, mean 1.00)
-    {"token": "x", "id": 9, "count": 4, "mean": 1.50},   # below min_count: not ranked
+    {"token": "x", "id": 9, "count": 4, "mean": 1.50},  # below min_count: not ranked
     {"token": "`|", "id": 10, "count": 6, "mean": 0.85},
 ]
 
 
 def _token_credit(tmp_path: Path, tokens=TOKENS) -> Path:
     path = tmp_path / "token_credit.json"
-    path.write_text(json.dumps({"tokens": tokens, "n_tokens": sum(t["count"] for t in tokens), "steps": 4,
-                                "weight": "credit"}))
+    path.write_text(
+        json.dumps({"tokens": tokens, "n_tokens": sum(t["count"] for t in tokens), "steps": 4, "weight": "credit"})
+    )
     return path
 
 
@@ -345,17 +425,34 @@ def test_token_credit_ranking_plot_and_table(tmp_path: Path):
     assert overall_mean(data) == pytest.approx(sum(t["count"] * t["mean"] for t in TOKENS) / 170)
     png = plot_token_credit(ranking, tmp_path / "fig" / "clouds.png", "toy clouds", reference=overall_mean(data))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
-    meta = {"paper_title": "Toy", "figure": "clouds", "caption": "Token clouds.", "scale": "tiny",
-            "paper_backbone": "Small-8B", "backbone": "tiny-s", "run": "delta", "seed": 0, "top": 3,
-            "min_count": 5, "run_key": "tiny/tiny-s/delta/s0", "mlflow_run_id": "tr-delta-0", "commit": "abc123"}
+    meta = {
+        "paper_title": "Toy",
+        "figure": "clouds",
+        "caption": "Token clouds.",
+        "scale": "tiny",
+        "paper_backbone": "Small-8B",
+        "backbone": "tiny-s",
+        "run": "delta",
+        "seed": 0,
+        "top": 3,
+        "min_count": 5,
+        "run_key": "tiny/tiny-s/delta/s0",
+        "mlflow_run_id": "tr-delta-0",
+        "commit": "abc123",
+    }
     write_token_credit(ranking, data, meta, tmp_path / "fig" / "clouds.md", tmp_path / "fig" / "clouds.csv")
     csv = pd.read_csv(tmp_path / "fig" / "clouds.csv", keep_default_na=False)
     assert len(csv) == 6 and set(csv["side"]) == {"top", "bottom"} and (csv["run_key"] == "tiny/tiny-s/delta/s0").all()
     assert csv["shown"].tolist()[3] == "↵" and (csv["source"] == str(tmp_path / "token_credit.json")).all()
     md = (tmp_path / "fig" / "clouds.md").read_text()
-    for text in ("NOT the paper's tokens", "the 6 of 7 strings generated at least 5 times",
-                 "| 1 | `=` | 4 | 40 | 1.200 |",
-                 "| 1 | `↵` | 6 | 20 | 0.820 |", "`` `\\| ``", "tr-delta-0"):
+    for text in (
+        "NOT the paper's tokens",
+        "the 6 of 7 strings generated at least 5 times",
+        "| 1 | `=` | 4 | 40 | 1.200 |",
+        "| 1 | `↵` | 6 | 20 | 0.820 |",
+        "`` `\\| ``",
+        "tr-delta-0",
+    ):
         assert text in md, text
     assert "the two lists overlap" not in md
     write_token_credit(rank_tokens(data, 4, 5), data, meta | {"top": 4}, tmp_path / "o.md", tmp_path / "o.csv")
@@ -366,12 +463,15 @@ def test_token_credit_ranking_plot_and_table(tmp_path: Path):
     assert png.stat().st_size > 1_000
 
 
-@pytest.mark.parametrize("edit, needle", [
-    (lambda d: d.pop("steps"), "steps: missing key"),
-    (lambda d: d["tokens"][1].update(mean=float("nan")), "tokens[1].mean: invalid value nan"),
-    (lambda d: d["tokens"][2].pop("count"), "tokens[2].count: missing key"),
-    (lambda d: d.update(tokens={"a": 1}), "tokens: expected list"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        (lambda d: d.pop("steps"), "steps: missing key"),
+        (lambda d: d["tokens"][1].update(mean=float("nan")), "tokens[1].mean: invalid value nan"),
+        (lambda d: d["tokens"][2].pop("count"), "tokens[2].count: missing key"),
+        (lambda d: d.update(tokens={"a": 1}), "tokens: expected list"),
+    ],
+)
 def test_token_credit_schema_errors(tmp_path: Path, edit, needle):
     data = {"tokens": copy.deepcopy(TOKENS), "n_tokens": 170, "steps": 4, "weight": "credit"}
     edit(data)
@@ -411,8 +511,10 @@ def test_cli_table_and_figures(results: Path, tb_configs: Path):
     cli.main([*common, "figure", "--paper", "tb", "--name", "selection"])
     assert paths.fmt(paths.FIGURE_PNG, figure="selection", **fill).read_bytes()[:4] == b"\x89PNG"
     run_dir = paths.fmt(paths.RUN_DIR, results=results, scale="tiny", backbone="tiny-s", run="delta", seed=0)
-    shutil.copy(_token_credit(run_dir.parent), paths.fmt(paths.RUN_TOKEN_CREDIT, results=results, scale="tiny",
-                                                          backbone="tiny-s", run="delta", seed=0))
+    shutil.copy(
+        _token_credit(run_dir.parent),
+        paths.fmt(paths.RUN_TOKEN_CREDIT, results=results, scale="tiny", backbone="tiny-s", run="delta", seed=0),
+    )
     cli.main([*common, "figure", "--paper", "tb", "--name", "clouds"])
     for pattern in (paths.FIGURE_PNG, paths.FIGURE_MD, paths.FIGURE_CSV):
         assert paths.fmt(pattern, figure="clouds", **fill).is_file()

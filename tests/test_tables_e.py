@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 import yaml
 
-from table_helpers import DELETE as _DELETE, cell as _cell, edit as _edit
 from creditlab import cli, paths
 from creditlab import plan as plan_mod
 from creditlab.papers.load import parse_paper
@@ -25,6 +24,9 @@ from creditlab.tables.frame import LONG_COLUMNS
 from creditlab.tables.load import load_steps_to, run_metrics_path
 from creditlab.tables.render import steps_to_per_seed, steps_to_text, table_markdown
 from creditlab.tables.stats import ema, steps_to_stats, steps_to_threshold
+from table_helpers import DELETE as _DELETE
+from table_helpers import cell as _cell
+from table_helpers import edit as _edit
 
 THRESHOLD, SMOOTHING, N = 0.7, 0.6, 8  # the column's threshold, the default EMA factor, steps per run
 PAPER = {
@@ -32,18 +34,26 @@ PAPER = {
     "title": "Paper E toy: DFPO-like (test fixture)",
     "backbones": {"Small-32B": {"tiny": "tiny-s", "micro": "micro-s", "paper": "small-32b"}},
     "benchmarks": {"A": {"tiny": "sa", "micro": "sa", "paper": "bench-a"}},
-    "runs": {"grpo": {"method": "grpo"}, "gspo": {"method": "gspo"}, "dfpo": {"method": "dfpo"},
-             "never": {"method": "grpo", "overrides": ["trainer.mini_batches=2"]}},
+    "runs": {
+        "grpo": {"method": "grpo"},
+        "gspo": {"method": "gspo"},
+        "dfpo": {"method": "dfpo"},
+        "never": {"method": "grpo", "overrides": ["trainer.mini_batches=2"]},
+    },
     "seeds": {"tiny": [0, 1, 2]},
     "tables": {
         "compute": {
             "caption": "Toy compute-to-threshold table.",
             "columns": [
                 {"name": "Steps to 0.7", "metric": "steps_to", "threshold": THRESHOLD},
-                {"name": "Compute vs GSPO", "metric": "steps_to", "threshold": THRESHOLD, "relative_to": "gspo",
-                 "relative": "ratio"},
-                {"name": "Raw Δ", "metric": "steps_to", "threshold": THRESHOLD, "smoothing": 0,
-                 "relative_to": "gspo"},
+                {
+                    "name": "Compute vs GSPO",
+                    "metric": "steps_to",
+                    "threshold": THRESHOLD,
+                    "relative_to": "gspo",
+                    "relative": "ratio",
+                },
+                {"name": "Raw Δ", "metric": "steps_to", "threshold": THRESHOLD, "smoothing": 0, "relative_to": "gspo"},
                 {"name": "Step time", "metric": "step_time", "relative_to": "gspo", "relative": "ratio"},
             ],
             "rows": [
@@ -55,15 +65,27 @@ PAPER = {
             ],
         },
     },
-    "figures": {"compute_bars": {"kind": "bars", "table": "compute", "y": "Compute vs GSPO"},
-                "clouds": {"kind": "token_credit", "backbone": "Small-32B", "run": "dfpo", "top": 2, "min_count": 1}},
+    "figures": {
+        "compute_bars": {"kind": "bars", "table": "compute", "y": "Compute vs GSPO"},
+        "clouds": {"kind": "token_credit", "backbone": "Small-32B", "run": "dfpo", "top": 2, "min_count": 1},
+    },
 }
 
 # reward_mean per step: k zeros then ones (k = None: the reward stays at 0.5, the threshold is never reached)
-ZEROS = {("gspo", 0): 2, ("gspo", 1): 3, ("gspo", 2): 4,
-         ("dfpo", 0): 1, ("dfpo", 1): 2, ("dfpo", 2): 3,
-         ("grpo", 0): 3, ("grpo", 1): None, ("grpo", 2): 5,
-         ("never", 0): None, ("never", 1): None, ("never", 2): None}
+ZEROS = {
+    ("gspo", 0): 2,
+    ("gspo", 1): 3,
+    ("gspo", 2): 4,
+    ("dfpo", 0): 1,
+    ("dfpo", 1): 2,
+    ("dfpo", 2): 3,
+    ("grpo", 0): 3,
+    ("grpo", 1): None,
+    ("grpo", 2): 5,
+    ("never", 0): None,
+    ("never", 1): None,
+    ("never", 2): None,
+}
 T_STEP = {"grpo": 1.0, "gspo": 1.2, "dfpo": 1.1, "never": 1.0}
 
 
@@ -95,11 +117,27 @@ def _write_run(runs_dir: Path, backbone: str, run: str, seed: int) -> Path:
     rewards = [0.5] * N if k is None else [0.0] * k + [1.0] * (N - k)
     path = run_metrics_path(runs_dir, backbone, run, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"step": i, "reward_mean": r, "response_len_mean": 5.0, "entropy_mean": 1.0,
-                                        "t_step": T_STEP[run] + 0.01 * i}) + "\n" for i, r in enumerate(rewards)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": i,
+                    "reward_mean": r,
+                    "response_len_mean": 5.0,
+                    "entropy_mean": 1.0,
+                    "t_step": T_STEP[run] + 0.01 * i,
+                }
+            )
+            + "\n"
+            for i, r in enumerate(rewards)
+        )
+    )
     (path.parent / "config.yaml").write_text("x: 1\n")
-    (path.parent / "DONE").write_text(json.dumps({"run_key": f"tiny/{backbone}/{run}/s{seed}",
-                                                  "mlflow_run_id": f"tr-{run}-{seed}", "commit": "abc123"}))
+    (path.parent / "DONE").write_text(
+        json.dumps(
+            {"run_key": f"tiny/{backbone}/{run}/s{seed}", "mlflow_run_id": f"tr-{run}-{seed}", "commit": "abc123"}
+        )
+    )
     return path
 
 
@@ -107,10 +145,9 @@ def _write_run(runs_dir: Path, backbone: str, run: str, seed: int) -> Path:
 def results(tmp_path: Path) -> Path:
     """results/tiny/runs for every trained row of the toy table, seeds 0, 1, 2 (no evaluation: none is read)."""
     root = tmp_path / "results"
-    for (run, seed) in ZEROS:
+    for run, seed in ZEROS:
         _write_run(root / "tiny" / "runs", "tiny-s", run, seed)
     return root
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,7 +164,12 @@ def test_paper_seeds_parse_and_default():
     assert _paper(data).seeds == {} and _paper(data).seeds_at("tiny", (3,)) == [3]
     col = te.table("compute").column("Steps to 0.7")
     assert (col.metric, col.threshold, col.smoothing, col.relative_to, col.is_training) == (
-        "steps_to", 0.7, 0.6, None, True)
+        "steps_to",
+        0.7,
+        0.6,
+        None,
+        True,
+    )
     ratio, raw = te.table("compute").column("Compute vs GSPO"), te.table("compute").column("Raw Δ")
     assert (ratio.relative, ratio.relative_to, raw.relative, raw.smoothing) == ("ratio", "gspo", "percent", 0.0)
     assert te.table("compute").column("Step time").relative == "ratio"
@@ -137,36 +179,65 @@ def test_paper_seeds_parse_and_default():
 COLS = ["tables", "compute", "columns"]
 E_ERRORS = {
     "seeds not a mapping": (_edit(["seeds"], [0, 1]), "seeds", "expected a mapping scale -> list of seeds"),
-    "seeds unknown scale": (_edit(["seeds", "tny"], [0]), "seeds.tny",
-                            "unknown value 'tny'; choices: ['micro', 'paper', 'tiny']"),
+    "seeds unknown scale": (
+        _edit(["seeds", "tny"], [0]),
+        "seeds.tny",
+        "unknown value 'tny'; choices: ['micro', 'paper', 'tiny']",
+    ),
     "seeds empty": (_edit(["seeds", "tiny"], []), "seeds.tiny", "non-empty list of seeds"),
     "seeds not a list": (_edit(["seeds", "tiny"], 3), "seeds.tiny", "non-empty list of seeds"),
     "seed negative": (_edit(["seeds", "tiny"], [0, -1]), "seeds.tiny[1]", "non-negative integer seed, got -1"),
     "seed bool": (_edit(["seeds", "tiny"], [True]), "seeds.tiny[0]", "non-negative integer seed, got True"),
     "seed string": (_edit(["seeds", "tiny"], ["0"]), "seeds.tiny[0]", "non-negative integer seed, got '0'"),
     "seeds duplicate": (_edit(["seeds", "tiny"], [0, 1, 0]), "seeds.tiny", "duplicate seed(s) [0]"),
-    "steps_to without threshold": (_edit([*COLS, 0, "threshold"], _DELETE), "columns[0] (Steps to 0.7)",
-                                   "needs a threshold"),
-    "threshold not a number": (_edit([*COLS, 0, "threshold"], "high"), "columns[0] (Steps to 0.7).threshold",
-                               "expected a finite number, got 'high'"),
+    "steps_to without threshold": (
+        _edit([*COLS, 0, "threshold"], _DELETE),
+        "columns[0] (Steps to 0.7)",
+        "needs a threshold",
+    ),
+    "threshold not a number": (
+        _edit([*COLS, 0, "threshold"], "high"),
+        "columns[0] (Steps to 0.7).threshold",
+        "expected a finite number, got 'high'",
+    ),
     "threshold nan": (_edit([*COLS, 0, "threshold"], float("nan")), ".threshold", "expected a finite number"),
     "smoothing 1": (_edit([*COLS, 0, "smoothing"], 1.0), ".smoothing", "EMA factor in [0, 1)"),
     "smoothing negative": (_edit([*COLS, 0, "smoothing"], -0.1), ".smoothing", "EMA factor in [0, 1)"),
-    "threshold on step_time": (_edit([*COLS, 3, "threshold"], 0.5), "columns[3] (Step time).threshold",
-                               "a step_time column takes no key 'threshold'; choices: ['name', 'metric', "
-                               "'relative_to', 'relative']"),
-    "smoothing on accuracy": (_edit([*COLS, 0], {"name": "A", "benchmark": "A", "metric": "avg@k", "smoothing": 0.5}),
-                              "columns[0] (A).smoothing", "smoothing applies to a steps_to column only"),
-    "relative on accuracy": (_edit([*COLS, 0], {"name": "A", "benchmark": "A", "metric": "avg@k", "relative": "ratio"}),
-                             "columns[0] (A).relative", "relative applies to a training-cost column only"),
-    "relative without relative_to": (_edit([*COLS, 0, "relative"], "ratio"), "columns[0] (Steps to 0.7).relative",
-                                     "needs relative_to"),
-    "relative unknown mode": (_edit([*COLS, 1, "relative"], "fold"), "(Compute vs GSPO).relative",
-                              "unknown value 'fold'; choices: ['percent', 'ratio']"),
-    "steps_to with a benchmark": (_edit([*COLS, 0, "benchmark"], "A"), "columns[0] (Steps to 0.7).benchmark",
-                                  "takes no benchmark"),
-    "steps_to relative_to unknown run": (_edit([*COLS, 1, "relative_to"], "gspoo"), "relative_to",
-                                         "unknown value 'gspoo'"),
+    "threshold on step_time": (
+        _edit([*COLS, 3, "threshold"], 0.5),
+        "columns[3] (Step time).threshold",
+        "a step_time column takes no key 'threshold'; choices: ['name', 'metric', 'relative_to', 'relative']",
+    ),
+    "smoothing on accuracy": (
+        _edit([*COLS, 0], {"name": "A", "benchmark": "A", "metric": "avg@k", "smoothing": 0.5}),
+        "columns[0] (A).smoothing",
+        "smoothing applies to a steps_to column only",
+    ),
+    "relative on accuracy": (
+        _edit([*COLS, 0], {"name": "A", "benchmark": "A", "metric": "avg@k", "relative": "ratio"}),
+        "columns[0] (A).relative",
+        "relative applies to a training-cost column only",
+    ),
+    "relative without relative_to": (
+        _edit([*COLS, 0, "relative"], "ratio"),
+        "columns[0] (Steps to 0.7).relative",
+        "needs relative_to",
+    ),
+    "relative unknown mode": (
+        _edit([*COLS, 1, "relative"], "fold"),
+        "(Compute vs GSPO).relative",
+        "unknown value 'fold'; choices: ['percent', 'ratio']",
+    ),
+    "steps_to with a benchmark": (
+        _edit([*COLS, 0, "benchmark"], "A"),
+        "columns[0] (Steps to 0.7).benchmark",
+        "takes no benchmark",
+    ),
+    "steps_to relative_to unknown run": (
+        _edit([*COLS, 1, "relative_to"], "gspoo"),
+        "relative_to",
+        "unknown value 'gspoo'",
+    ),
     "unknown metric lists steps_to": (_edit([*COLS, 0, "metric"], "steps_too"), "metric", "'steps_to'"),
 }
 
@@ -200,8 +271,10 @@ def test_steps_to_threshold_by_hand():
 def test_load_steps_to_resumed_and_cut_lines(tmp_path: Path):
     path = run_metrics_path(tmp_path, "tiny-s", "r", 0)
     path.parent.mkdir(parents=True)
-    path.write_text('{"step": 0, "reward_mean": 0.0}\n{"step": 1, "reward_mean": 0.9}\n'
-                    '{"step": 1, "reward_mean": 0.1}\n{"step": 2, "reward_mean": 0.8}\n{"step": 3, "rew')
+    path.write_text(
+        '{"step": 0, "reward_mean": 0.0}\n{"step": 1, "reward_mean": 0.9}\n'
+        '{"step": 1, "reward_mean": 0.1}\n{"step": 2, "reward_mean": 0.8}\n{"step": 3, "rew'
+    )
     with pytest.warns(UserWarning, match="not valid JSON"):
         st = load_steps_to(tmp_path, "tiny-s", "r", [0], threshold=0.75, smoothing=0.0)
     assert st.values.tolist() == [3.0] and not st.censored.any() and st.trained.tolist() == [3]  # step 1 resumed
@@ -227,7 +300,13 @@ def test_steps_to_cells_several_seeds(results: Path):
     assert cell.ours_mean == pytest.approx(dfpo.mean()) and cell.ours_lo < cell.ours_mean < cell.ours_hi
     assert dfpo.min() <= cell.ours_lo and cell.ours_hi <= dfpo.max()  # a bootstrap over the 3 seeds
     assert (cell.unit, cell.metric, cell.censored, cell.ref_censored, cell.n_steps, cell.seeds) == (
-        "steps", "steps_to", 0, 0, 3 * N, "0;1;2")
+        "steps",
+        "steps_to",
+        0,
+        0,
+        3 * N,
+        "0;1;2",
+    )
     assert cell.detail == "s0: 3, s1: 4, s2: 6"
     assert cell.mlflow_run_ids == "tr-dfpo-0;tr-dfpo-1;tr-dfpo-2" and cell.sources.endswith("dfpo/s2/metrics.jsonl")
     grpo_cell = _cell(df, "GRPO", "Steps to 0.7")
@@ -260,19 +339,27 @@ def test_steps_to_cells_several_seeds(results: Path):
     assert step.unit == "x vs gspo" and step.ours_mean == pytest.approx((1.1 + 0.035) / (1.2 + 0.035))
 
     md = table_markdown(df, te.table("compute"), te)
-    for text in (f"| Small-32B | DFPO | {dfpo.mean():.2f} [{cell.ours_lo:.2f}, {cell.ours_hi:.2f}] | — | "
-                 f"{ratio.ours_mean:.2f}x [{ratio.ours_lo:.2f}, {ratio.ours_hi:.2f}] | 0.91x | -25.00% [",
-                 f"| Small-32B | GRPO | >7.33 [{grpo_cell.ours_lo:.2f}, {grpo_cell.ours_hi:.2f}] (1/3 censored) "
-                 f"| — | "
-                 f">{grpo_ratio.ours_mean:.2f}x [{grpo_ratio.ours_lo:.2f}, {grpo_ratio.ours_hi:.2f}] (censored: 1/3 "
-                 f"seeds, reference 0/3) | — |",
-                 "| Small-32B | Never | >8 (3/3 censored) | — |",
-                 "| Small-32B | GSPO | 5.67 [",
-                 "reference (5.67 steps) | — | reference (4 steps) | — | reference (",
-                 "first reaches **0.7**", "smoothing 0.6", "(no smoothing) the run's", "ratio of the means s / s_ref",
-                 "% difference of the means", "Seeds 0, 1, 2: this paper's own `seeds` at scale `tiny`",
-                 "Our steps-to-threshold cells", "95% percentile bootstrap CI over seeds",
-                 "ratio of the mean wall time per RL step", "training rewards from `"):
+    for text in (
+        f"| Small-32B | DFPO | {dfpo.mean():.2f} [{cell.ours_lo:.2f}, {cell.ours_hi:.2f}] | — | "
+        f"{ratio.ours_mean:.2f}x [{ratio.ours_lo:.2f}, {ratio.ours_hi:.2f}] | 0.91x | -25.00% [",
+        f"| Small-32B | GRPO | >7.33 [{grpo_cell.ours_lo:.2f}, {grpo_cell.ours_hi:.2f}] (1/3 censored) "
+        f"| — | "
+        f">{grpo_ratio.ours_mean:.2f}x [{grpo_ratio.ours_lo:.2f}, {grpo_ratio.ours_hi:.2f}] (censored: 1/3 "
+        f"seeds, reference 0/3) | — |",
+        "| Small-32B | Never | >8 (3/3 censored) | — |",
+        "| Small-32B | GSPO | 5.67 [",
+        "reference (5.67 steps) | — | reference (4 steps) | — | reference (",
+        "first reaches **0.7**",
+        "smoothing 0.6",
+        "(no smoothing) the run's",
+        "ratio of the means s / s_ref",
+        "% difference of the means",
+        "Seeds 0, 1, 2: this paper's own `seeds` at scale `tiny`",
+        "Our steps-to-threshold cells",
+        "95% percentile bootstrap CI over seeds",
+        "ratio of the mean wall time per RL step",
+        "training rewards from `",
+    ):
         assert text in md, text
     base_line = next(line for line in md.splitlines() if line.startswith("| Small-32B | Base |"))
     assert base_line == "| Small-32B | Base |  | — |  | — |  | — |  | — |"
@@ -294,9 +381,12 @@ def test_steps_to_one_seed_has_no_ci_and_roundtrips(results: Path, tmp_path: Pat
     assert list(back.columns) == list(LONG_COLUMNS) and back["censored"].dtype.kind == "i"
     md = out_md.read_text()
     assert table_markdown(back, te.table("compute"), te) == md  # the CSV carries everything
-    for text in ("| Small-32B | DFPO | 3 | — | 0.75x | 0.91x | -33.33% | — |", "| Small-32B | Never | >8 | — | "
-                 ">2.00x (censored: 1/1 seeds, reference 0/1) |", "no CI: one seed",
-                 "mean over seeds 0 [no CI with a single seed]"):
+    for text in (
+        "| Small-32B | DFPO | 3 | — | 0.75x | 0.91x | -33.33% | — |",
+        "| Small-32B | Never | >8 | — | >2.00x (censored: 1/1 seeds, reference 0/1) |",
+        "no CI: one seed",
+        "mean over seeds 0 [no CI with a single seed]",
+    ):
         assert text in md, text
 
 
@@ -304,8 +394,9 @@ def test_steps_to_stats_bounds_and_reference_censoring():
     from creditlab.tables.load import StepsTo
 
     def st(values, censored):
-        return StepsTo(tuple(range(len(values))), np.array(values, float), np.array(censored), np.full(len(values), 8),
-                       {})
+        return StepsTo(
+            tuple(range(len(values))), np.array(values, float), np.array(censored), np.full(len(values), 8), {}
+        )
 
     row, ref = st([3, 4, 6], [False] * 3), st([8, 8, 6], [True, True, False])
     mean, lo, hi = steps_to_stats(row, ref, "ratio")
@@ -315,8 +406,20 @@ def test_steps_to_stats_bounds_and_reference_censoring():
     # the Markdown cell of a row whose reference is censored: an upper bound; both censored: no bound
     from creditlab.tables.render import _ours_cell
 
-    line = pd.Series({"unit": "x vs gspo", "detail": "", "metric": "steps_to", "run": "dfpo", "seeds": "0;1;2",
-                      "ours_mean": mean, "ours_lo": lo, "ours_hi": hi, "censored": 0, "ref_censored": 2})
+    line = pd.Series(
+        {
+            "unit": "x vs gspo",
+            "detail": "",
+            "metric": "steps_to",
+            "run": "dfpo",
+            "seeds": "0;1;2",
+            "ours_mean": mean,
+            "ours_lo": lo,
+            "ours_hi": hi,
+            "censored": 0,
+            "ref_censored": 2,
+        }
+    )
     assert _ours_cell(line).startswith(f"<{mean:.2f}x [") and "reference 2/3)" in _ours_cell(line)
     both = pd.Series({**line.to_dict(), "censored": 1})
     assert _ours_cell(both).startswith(f"{mean:.2f}x [") and _ours_cell(both).endswith("reference 2/3: no bound)")
@@ -358,9 +461,12 @@ def test_cli_table_and_figure_use_the_papers_seeds(results: Path, te_configs: Pa
     assert dfpo.ours_mean == pytest.approx(13 / 3) and dfpo.mlflow_run_ids == "tr-dfpo-2;tr-dfpo-0;tr-dfpo-1"
     assert paths.fmt(paths.CURVES_PNG, table="compute", **fill).stat().st_size > 5_000
     # token_credit reads the run of the paper's first seed (2), not the pipeline's (0)
-    credit = {"tokens": [{"token": "=", "id": 4, "count": 9, "mean": 1.2}, {"token": "7", "id": 5, "count": 3,
-                                                                             "mean": 0.9}],
-              "n_tokens": 12, "steps": N, "weight": "credit"}
+    credit = {
+        "tokens": [{"token": "=", "id": 4, "count": 9, "mean": 1.2}, {"token": "7", "id": 5, "count": 3, "mean": 0.9}],
+        "n_tokens": 12,
+        "steps": N,
+        "weight": "credit",
+    }
     path = paths.fmt(paths.RUN_TOKEN_CREDIT, results=results, scale="tiny", backbone="tiny-s", run="dfpo", seed=2)
     path.write_text(json.dumps(credit))
     cli.main([*common, "figure", "--paper", "te", "--name", "clouds"])

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from table_helpers import cell, write_eval
 
 from creditlab.papers.load import load_paper, parse_paper
 from creditlab.papers.spec import resolve_metric
@@ -21,6 +20,7 @@ from creditlab.tables import ledger as L
 from creditlab.tables.build import build_table
 from creditlab.tables.load import metrics_path
 from creditlab.tables.render import table_markdown
+from table_helpers import write_eval
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "configs" / "papers"
@@ -34,7 +34,9 @@ PAPER_K = {"dlogp": 32, "cancellation": 32, "dfpo": 32, "delta": 16, "headtohead
 def _eval_k(scale: str, paper: str) -> int:
     """eval.k of a paper's runs at a scale, read from the configs as the plan composes them: the scale's own k, the
     paper's `scale_overrides` at paper / smoke (smoke: then its `shrink` list)."""
-    scale_cfg = yaml.safe_load((ROOT / "configs" / "scale" / f"{'paper' if scale == 'smoke' else scale}.yaml").read_text())
+    scale_cfg = yaml.safe_load(
+        (ROOT / "configs" / "scale" / f"{'paper' if scale == 'smoke' else scale}.yaml").read_text()
+    )
     k = int(scale_cfg["eval"]["k"])
     if scale in ("paper", "smoke"):
         data = yaml.safe_load((PAPERS / f"{paper}.yaml").read_text())
@@ -98,8 +100,15 @@ def _write_dlogp(evals: Path, paper, scale: str, k: int) -> dict[tuple[str, str]
     for row in paper.table("main").rows:
         backbone = paper.backbone_for(row.backbone, scale)
         counts = {s: [int(x) for x in rng.integers(0, 4, size=12)] for s in suites}  # few correct of k: pass@j differ
-        write_eval(metrics_path(evals, backbone, row.run, 0), counts, k, f"{scale}/{backbone}/{row.run}/s0",
-                   "", "cfg.yaml", greedy_above=2)
+        write_eval(
+            metrics_path(evals, backbone, row.run, 0),
+            counts,
+            k,
+            f"{scale}/{backbone}/{row.run}/s0",
+            "",
+            "cfg.yaml",
+            greedy_above=2,
+        )
         written[(row.label, row.backbone)] = counts
     return written
 
@@ -153,9 +162,18 @@ TOY = {
     "backbones": {"M": {"tiny": "tiny-s", "micro": "micro-s", "paper": "m"}},
     "benchmarks": {"A": {"tiny": "sa", "micro": "sa", "paper": "a"}},
     "runs": {"r": {"method": "dapo"}},
-    "tables": {"t": {"columns": [{"name": "Pass@16", "benchmark": "A",
-                                  "metric": {"paper": "pass@16", "tiny": "pass@8", "micro": "pass@4"}}],
-                     "rows": [{"label": "R", "backbone": "M", "run": "r"}]}},
+    "tables": {
+        "t": {
+            "columns": [
+                {
+                    "name": "Pass@16",
+                    "benchmark": "A",
+                    "metric": {"paper": "pass@16", "tiny": "pass@8", "micro": "pass@4"},
+                }
+            ],
+            "rows": [{"label": "R", "backbone": "M", "run": "r"}],
+        }
+    },
 }
 
 
@@ -169,8 +187,12 @@ def test_a_per_scale_metric_resolves_per_scale_and_smoke_reads_papers_unless_bou
     paper = parse_paper(copy.deepcopy(TOY), "tk.yaml")
     col = paper.table("t").column("Pass@16")
     assert col.metric == "pass@16"
-    assert [col.metric_for(s) for s in ("paper", "tiny", "micro", "smoke")] == ["pass@16", "pass@8", "pass@4",
-                                                                                "pass@16"]
+    assert [col.metric_for(s) for s in ("paper", "tiny", "micro", "smoke")] == [
+        "pass@16",
+        "pass@8",
+        "pass@4",
+        "pass@16",
+    ]
     assert [col.label_at(s) for s in ("paper", "tiny", "smoke")] == ["Pass@16", "Pass@8", "Pass@16"]
     bound = parse_paper(_toy({"paper": "pass@16", "tiny": "pass@8", "micro": "pass@4", "smoke": "pass@2"}), "tk.yaml")
     assert bound.leaves_at("t", "Pass@16", "smoke")[0] == [("A", "pass@2")]
@@ -179,15 +201,24 @@ def test_a_per_scale_metric_resolves_per_scale_and_smoke_reads_papers_unless_bou
     assert parse_paper(other, "tk.yaml").table("t").column("Best").label_at("tiny") == "Best (pass@8)"
 
 
-@pytest.mark.parametrize("metric, message", [
-    ({"paper": "pass@16", "tiny": "pass@8"}, r"columns\[0\] \(Pass@16\)\.metric: a per-scale metric needs every "
-                                             r"scale of the paper's backbones; missing \['micro'\]"),
-    ({"paper": "pass@16", "tiny": "pass@8", "micro": "pass@4", "huge": "pass@64"}, r"metric\.huge: unknown value"),
-    ({"paper": "pass@16", "tiny": "avg@k", "micro": "pass@4"}, r"one metric at each scale's k, got several kinds"),
-    ({"paper": "step_time", "tiny": "step_time", "micro": "step_time"}, r"metric\.paper: a per-scale metric binds "
-                                                                        r"an evaluation metric"),
-    ({"paper": "pass@16", "tiny": "pass@x", "micro": "pass@4"}, r"metric\.tiny: unknown metric 'pass@x'"),
-])
+@pytest.mark.parametrize(
+    "metric, message",
+    [
+        (
+            {"paper": "pass@16", "tiny": "pass@8"},
+            r"columns\[0\] \(Pass@16\)\.metric: a per-scale metric needs every "
+            r"scale of the paper's backbones; missing \['micro'\]",
+        ),
+        ({"paper": "pass@16", "tiny": "pass@8", "micro": "pass@4", "huge": "pass@64"}, r"metric\.huge: unknown value"),
+        ({"paper": "pass@16", "tiny": "avg@k", "micro": "pass@4"}, r"one metric at each scale's k, got several kinds"),
+        (
+            {"paper": "step_time", "tiny": "step_time", "micro": "step_time"},
+            r"metric\.paper: a per-scale metric binds "
+            r"an evaluation metric",
+        ),
+        ({"paper": "pass@16", "tiny": "pass@x", "micro": "pass@4"}, r"metric\.tiny: unknown metric 'pass@x'"),
+    ],
+)
 def test_a_per_scale_metric_is_validated(metric, message):
     with pytest.raises(ValueError, match=message):
         parse_paper(_toy(metric), "tk.yaml")

@@ -15,19 +15,35 @@ from creditlab.tables.load import run_metrics_path
 from creditlab.tables.render import table_markdown
 
 PAPER = {
-    "paper": "td", "title": "toy", "backbones": {"S": {"tiny": "tiny-s"}},
+    "paper": "td",
+    "title": "toy",
+    "backbones": {"S": {"tiny": "tiny-s"}},
     "benchmarks": {"A": {"tiny": "sa"}},
     "runs": {"uni": {"method": "dapo"}, "arca": {"method": "dapo"}},
-    "tables": {"conc": {
-        "columns": [{"name": "Gini", "metric": "train_mean", "key": "weight_gini"},
-                    {"name": "EffN/T", "metric": "train_mean", "key": "eff_token_ratio"},
-                    {"name": "Gini vs uniform", "metric": "train_mean", "key": "weight_gini", "relative_to": "uni",
-                     "relative": "ratio"}],
-        "rows": [{"label": "Uniform", "backbone": "S", "run": "uni"},
-                 {"label": "ARCA", "backbone": "S", "run": "arca"}]}},
+    "tables": {
+        "conc": {
+            "columns": [
+                {"name": "Gini", "metric": "train_mean", "key": "weight_gini"},
+                {"name": "EffN/T", "metric": "train_mean", "key": "eff_token_ratio"},
+                {
+                    "name": "Gini vs uniform",
+                    "metric": "train_mean",
+                    "key": "weight_gini",
+                    "relative_to": "uni",
+                    "relative": "ratio",
+                },
+            ],
+            "rows": [
+                {"label": "Uniform", "backbone": "S", "run": "uni"},
+                {"label": "ARCA", "backbone": "S", "run": "arca"},
+            ],
+        }
+    },
 }
-SERIES = {"uni": {"weight_gini": [0.1, 0.1, 0.1], "eff_token_ratio": [1.0, 1.0, 1.0]},
-          "arca": {"weight_gini": [0.2, 0.3, float("nan"), 0.4], "eff_token_ratio": [0.5, 0.6, 0.7, 0.8]}}
+SERIES = {
+    "uni": {"weight_gini": [0.1, 0.1, 0.1], "eff_token_ratio": [1.0, 1.0, 1.0]},
+    "arca": {"weight_gini": [0.2, 0.3, float("nan"), 0.4], "eff_token_ratio": [0.5, 0.6, 0.7, 0.8]},
+}
 
 
 def _write(runs: Path, run: str) -> None:
@@ -35,10 +51,14 @@ def _write(runs: Path, run: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     s = SERIES[run]
     n = len(s["weight_gini"])
-    path.write_text("".join(json.dumps({"step": i, "t_step": 1.0, **{k: v[i] for k, v in s.items()}}) + "\n"
-                            for i in range(n)).replace("NaN", "NaN"))
-    (path.parent / "DONE").write_text(json.dumps({"run_key": f"tiny/tiny-s/{run}/s0", "mlflow_run_id": run,
-                                                  "commit": "c"}))
+    path.write_text(
+        "".join(
+            json.dumps({"step": i, "t_step": 1.0, **{k: v[i] for k, v in s.items()}}) + "\n" for i in range(n)
+        ).replace("NaN", "NaN")
+    )
+    (path.parent / "DONE").write_text(
+        json.dumps({"run_key": f"tiny/tiny-s/{run}/s0", "mlflow_run_id": run, "commit": "c"})
+    )
 
 
 def test_train_mean_cells(tmp_path):
@@ -58,11 +78,14 @@ def test_train_mean_cells(tmp_path):
     assert "**Gini**: mean over RL steps of `weight_gini`" in md and "wall time" not in md.split("## Columns")[1]
 
 
-@pytest.mark.parametrize("column, match", [
-    ({"name": "G", "metric": "train_mean"}, "needs a key"),
-    ({"name": "G", "metric": "step_time", "key": "x"}, "key"),
-    ({"name": "G", "benchmark": "A", "metric": "greedy", "key": "x"}, "key applies to a train_mean column"),
-])
+@pytest.mark.parametrize(
+    "column, match",
+    [
+        ({"name": "G", "metric": "train_mean"}, "needs a key"),
+        ({"name": "G", "metric": "step_time", "key": "x"}, "key"),
+        ({"name": "G", "benchmark": "A", "metric": "greedy", "key": "x"}, "key applies to a train_mean column"),
+    ],
+)
 def test_train_mean_validation(column, match):
     bad = json.loads(json.dumps(PAPER))
     bad["tables"]["conc"]["columns"] = [column]

@@ -175,13 +175,24 @@ def test_schema_of_code_and_choice_records() -> None:
 
 def test_prepare_keeps_transfer_formats_out_of_rl_and_disjoint(prepared: tuple[Path, dict]) -> None:
     out, report = prepared
-    assert report["counts"] == {"train": 400, "val": 20, WARMUP_EXTRA: 400, "easy": 20, "code": 30, "choice4": 30,
-                                "choice10": 30}
+    assert report["counts"] == {
+        "train": 400,
+        "val": 20,
+        WARMUP_EXTRA: 400,
+        "easy": 20,
+        "code": 30,
+        "choice4": 30,
+        "choice10": 30,
+    }
     train = read_records(out / "train.parquet")
     assert {r["source"] for r in train} == {"tiny_arith"}  # RL prompts: arithmetic only
     suites = {s: read_records(out / "suites" / f"{s}.parquet") for s in CFG["suites"]}
     assert {s: records_kind(r, s) for s, r in suites.items()} == {
-        "easy": "math", "code": "code", "choice4": "multiple_choice", "choice10": "multiple_choice"}
+        "easy": "math",
+        "code": "code",
+        "choice4": "multiple_choice",
+        "choice10": "multiple_choice",
+    }
     assert {r["meta"]["n_options"] for r in suites["choice4"]} == {4}
     assert {r["meta"]["n_options"] for r in suites["choice10"]} == {10}
     extra = read_records(out / f"{WARMUP_EXTRA}.parquet")
@@ -191,11 +202,13 @@ def test_prepare_keeps_transfer_formats_out_of_rl_and_disjoint(prepared: tuple[P
     train_questions = {r["question"] for r in train + read_records(out / "val.parquet")}
     for name in ("choice4", "choice10"):
         assert not {r["meta"]["problem"] for r in suites[name]} & train_questions
-    keys = {name: {problem_key(r) for r in recs} for name, recs in
-            {**suites, "train": train, "extra": extra, "val": read_records(out / "val.parquet")}.items()}
+    keys = {
+        name: {problem_key(r) for r in recs}
+        for name, recs in {**suites, "train": train, "extra": extra, "val": read_records(out / "val.parquet")}.items()
+    }
     names = list(keys)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not keys[a] & keys[b], (a, b)
     assert all(v == 0 for row in report["overlap"].values() for v in row.values())
     assert set(report["overlap"][WARMUP_EXTRA]) == {*CFG["suites"], "val"}
@@ -206,8 +219,7 @@ def test_prepare_refuses_leaky_transfer_splits(monkeypatch: pytest.MonkeyPatch, 
 
     cfg = copy.deepcopy(CFG)  # a tiny code space that the extras must share with the suite without exclusion
     cfg["suites"] = {"code": {"format": "code", **CODE, "at": [1, 1], "slope": [2, 3], "intercept": [1, 4], "n": 4}}
-    cfg[WARMUP_EXTRA] = {"code": {"format": "code", **CODE, "at": [1, 1], "slope": [2, 3], "intercept": [1, 4],
-                                  "n": 8}}
+    cfg[WARMUP_EXTRA] = {"code": {"format": "code", **CODE, "at": [1, 1], "slope": [2, 3], "intercept": [1, 4], "n": 8}}
     monkeypatch.setattr(prepare_module, "_questions", lambda splits: set())  # exclusion disabled
     with pytest.raises(RuntimeError, match="overlap"):
         prepare_tiny(cfg, tmp_path)
@@ -248,8 +260,15 @@ def test_config_errors_of_the_formats(tmp_path: Path) -> None:
 def test_shipped_configs_have_the_transfer_suites() -> None:
     cfg = yaml.safe_load((REPO / "configs" / "data" / "tiny_arith.yaml").read_text())
     formats = {name: spec.get("format", "arith") for name, spec in cfg["suites"].items()}
-    assert formats == {"easy": "arith", "medium": "arith", "hard": "arith", "ood": "arith", "code": "code",
-                       "choice4": "choice", "choice10": "choice"}
+    assert formats == {
+        "easy": "arith",
+        "medium": "arith",
+        "hard": "arith",
+        "ood": "arith",
+        "code": "code",
+        "choice4": "choice",
+        "choice10": "choice",
+    }
     assert cfg["suites"]["choice4"]["options"] == 4 and cfg["suites"]["choice10"]["options"] == 10
     micro = yaml.safe_load((REPO / "configs" / "scale" / "micro.yaml").read_text())["data"]
     assert set(micro["suites"]) == set(cfg["suites"]) and set(micro[WARMUP_EXTRA]) == set(cfg[WARMUP_EXTRA])
@@ -284,10 +303,13 @@ def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Pa
 
     def scripted(right: bool):
         def fn(prompt_ids, **decoding):
-            texts = [render_response((by_prompt[tuple(p)]["solution"] if right else wrong(by_prompt[tuple(p)])),
-                                     "tiny") for p in prompt_ids]
+            texts = [
+                render_response((by_prompt[tuple(p)]["solution"] if right else wrong(by_prompt[tuple(p)])), "tiny")
+                for p in prompt_ids
+            ]
             responses = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
             return Generation([list(p) for p in prompt_ids], responses, [True] * len(responses)), {}
+
         return fn
 
     for right in (True, False):
@@ -305,8 +327,11 @@ def test_plan_refuses_a_table_suite_the_data_config_lacks(tmp_path: Path) -> Non
     configs = tmp_path / "configs"
     shutil.copytree(REPO / "configs", configs)
     dfpo = configs / "papers" / "dfpo.yaml"
-    dfpo.write_text(dfpo.read_text().replace("LiveCodeBench-v6: {tiny: code, micro: code,",
-                                             "LiveCodeBench-v6: {tiny: code, micro: kode,"))
+    dfpo.write_text(
+        dfpo.read_text().replace(
+            "LiveCodeBench-v6: {tiny: code, micro: code,", "LiveCodeBench-v6: {tiny: code, micro: kode,"
+        )
+    )
     pipeline = {"scale": "micro", "papers": ["dfpo"], "seeds": [0]}
     with pytest.raises(PlanError, match=r"paper 'dfpo' table 'main' reads suite\(s\) \['kode'\] at scale 'micro'"):
         build_plan(pipeline, configs)

@@ -49,12 +49,19 @@ def client(results: Path, monkeypatch: pytest.MonkeyPatch):
     return MlflowClient(tracking_uri(results))
 
 
-def _start(results: Path, tmp_path: Path, run_key: str, params: dict | None = None,
-           experiment: str = "paper-a") -> Tracker:
-    tags = {"paper": experiment, "table": "main", "method": "dapo", "backbone": "tiny-s",
-            "seed": 0, "scale": "tiny"}
-    return Tracker.start(results, experiment, run_key, run_key.replace("/", "-"), tags,
-                         params or {"trainer": {"lr": 1e-6, "steps": 10}}, tmp_path / "local")
+def _start(
+    results: Path, tmp_path: Path, run_key: str, params: dict | None = None, experiment: str = "paper-a"
+) -> Tracker:
+    tags = {"paper": experiment, "table": "main", "method": "dapo", "backbone": "tiny-s", "seed": 0, "scale": "tiny"}
+    return Tracker.start(
+        results,
+        experiment,
+        run_key,
+        run_key.replace("/", "-"),
+        tags,
+        params or {"trainer": {"lr": 1e-6, "steps": 10}},
+        tmp_path / "local",
+    )
 
 
 def _closed_port() -> int:
@@ -80,13 +87,17 @@ def test_init_store_is_idempotent(results: Path, client) -> None:
     assert location == (results / "mlartifacts" / "paper-b").resolve().as_uri()
 
 
-def test_start_resume_same_run_and_data_lands(results: Path, tmp_path: Path, client,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_resume_same_run_and_data_lands(
+    results: Path, tmp_path: Path, client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     long_value = "x" * (MAX_PARAM_VAL_LENGTH + 50)
-    first = _start(results, tmp_path, "tiny/tiny-s/dapo/s0",
-                   {"trainer": {"lr": 1e-6, "steps": 10}, "data": {"suites": ["a", "b"]},
-                    "note": long_value})
+    first = _start(
+        results,
+        tmp_path,
+        "tiny/tiny-s/dapo/s0",
+        {"trainer": {"lr": 1e-6, "steps": 10}, "data": {"suites": ["a", "b"]}, "note": long_value},
+    )
     first.log_metrics({"reward_mean": 0.25, "eval/hard/avg@8": 0.5}, step=1)
     artifact = tmp_path / "config.yaml"
     artifact.write_text("trainer: {lr: 1e-6}\n")
@@ -118,8 +129,7 @@ def test_start_resume_same_run_and_data_lands(results: Path, tmp_path: Path, cli
     other.end()
 
 
-def test_resume_with_changed_params_keeps_first_and_warns(results: Path, tmp_path: Path,
-                                                          client) -> None:
+def test_resume_with_changed_params_keeps_first_and_warns(results: Path, tmp_path: Path, client) -> None:
     _start(results, tmp_path, "tiny/tiny-s/changed/s0", {"lr": 1e-6}).end()
     with pytest.warns(RuntimeWarning, match=r"params changed.*\['lr'\]"):
         again = _start(results, tmp_path, "tiny/tiny-s/changed/s0", {"lr": 2e-6, "new": 1})
@@ -152,8 +162,7 @@ def test_find_run_id_and_attach(results: Path, tmp_path: Path, client) -> None:
     assert run.data.params == {"trainer.lr": "1e-06", "trainer.steps": "10"}
     assert run.data.metrics["eval/hard/avg_at_8"] == 0.4
 
-    base = Tracker.attach(results, "paper-b", "tiny/tiny-s/base/s0", tmp_path / "eval",
-                          tags={"method": "base"})
+    base = Tracker.attach(results, "paper-b", "tiny/tiny-s/base/s0", tmp_path / "eval", tags={"method": "base"})
     base.end()
     created = client.get_run(base.run_id)
     assert created.data.tags["run_key"] == "tiny/tiny-s/base/s0"
@@ -161,14 +170,20 @@ def test_find_run_id_and_attach(results: Path, tmp_path: Path, client) -> None:
 
 
 @pytest.mark.timeout(120)  # a hang on the unreachable server fails here (no wall-clock assertion)
-def test_unreachable_server_falls_back_offline(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_server_falls_back_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = f"http://127.0.0.1:{_closed_port()}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
     with pytest.warns(RuntimeWarning, match=re.escape(uri)) as record:
-        tracker = Tracker.start(tmp_path, "paper-a", "tiny/tiny-s/off/s0", "off",
-                                {"method": "dapo"}, {"trainer": {"lr": 1e-6}}, tmp_path / "run")
+        tracker = Tracker.start(
+            tmp_path,
+            "paper-a",
+            "tiny/tiny-s/off/s0",
+            "off",
+            {"method": "dapo"},
+            {"trainer": {"lr": 1e-6}},
+            tmp_path / "run",
+        )
         tracker.log_metrics({"reward_mean": 0.5}, step=3)
         tracker.log_metrics({"reward_mean": 0.6}, step=4)
         tracker.set_tags({"note": "x"})
@@ -176,13 +191,14 @@ def test_unreachable_server_falls_back_offline(tmp_path: Path,
     assert len(record) == 1  # warned once
     assert tracker.offline and tracker.run_id is None
     lines = [json.loads(x) for x in (tmp_path / "run" / OFFLINE_FILE).read_text().splitlines()]
-    assert [x["event"] for x in lines] == ["offline", "start", "log_metrics", "log_metrics",
-                                           "set_tags", "end"]
+    assert [x["event"] for x in lines] == ["offline", "start", "log_metrics", "log_metrics", "set_tags", "end"]
     assert all(x["run_key"] == "tiny/tiny-s/off/s0" and x["time"] > 0 for x in lines)
     assert lines[0]["payload"]["uri"] == uri
     assert lines[1]["payload"]["params"] == {"trainer.lr": "1e-06"}
-    assert [x["payload"] for x in lines[2:4]] == [{"metrics": {"reward_mean": 0.5}, "step": 3},
-                                                  {"metrics": {"reward_mean": 0.6}, "step": 4}]
+    assert [x["payload"] for x in lines[2:4]] == [
+        {"metrics": {"reward_mean": 0.5}, "step": 3},
+        {"metrics": {"reward_mean": 0.6}, "step": 4},
+    ]
     with pytest.warns(RuntimeWarning, match=re.escape(uri)):
         assert find_run_id(tmp_path, "paper-a", "tiny/tiny-s/off/s0") is None
 
@@ -222,8 +238,13 @@ def test_git_commit_and_host_info(tmp_path: Path) -> None:
     repo.mkdir()
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
-                              check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
 
     git("init", "-q")
     assert git_commit(repo) == "unknown"  # no commit yet
@@ -255,15 +276,24 @@ def _start_child(results: str, local: str, run_key: str, experiment: str = "pape
     """Start (in a fresh process) a run nested under table paper-a/main's parent; return the parent id."""
     from creditlab.tracking.mlflow_tracker import PARENT_TAG, ParentRun
 
-    with Tracker.start(Path(results), experiment, run_key, run_key, {"seed": 0}, {"lr": 1.0}, Path(local),
-                       parent=ParentRun.of_table("tiny", "paper-a", "main")) as tracker:
+    with Tracker.start(
+        Path(results),
+        experiment,
+        run_key,
+        run_key,
+        {"seed": 0},
+        {"lr": 1.0},
+        Path(local),
+        parent=ParentRun.of_table("tiny", "paper-a", "main"),
+    ) as tracker:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(tracker.uri).get_run(tracker.run_id).data.tags[PARENT_TAG]
 
 
-def test_rows_nest_under_one_table_parent_even_when_jobs_race(results: Path, tmp_path: Path, client,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_nest_under_one_table_parent_even_when_jobs_race(
+    results: Path, tmp_path: Path, client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four processes start four rows of one table at the same time, with no parent run yet: one parent
     survives (the others' duplicates are deleted), every row is its child, and it carries the table's tags."""
     import multiprocessing as mp
@@ -271,8 +301,7 @@ def test_rows_nest_under_one_table_parent_even_when_jobs_race(results: Path, tmp
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     keys = [f"tiny/tiny-s/race-{i}/s0" for i in range(4)]
     with mp.get_context("spawn").Pool(4) as pool:
-        parents = pool.starmap(_start_child, [(str(results), str(tmp_path / k.replace("/", "_")), k)
-                                              for k in keys])
+        parents = pool.starmap(_start_child, [(str(results), str(tmp_path / k.replace("/", "_")), k) for k in keys])
     assert len(set(parents)) == 1
     exp = client.get_experiment_by_name("paper-a").experiment_id
     tables = client.search_runs([exp], "tags.run_key = 'tiny/table/paper-a/main'")
@@ -286,8 +315,9 @@ def test_rows_nest_under_one_table_parent_even_when_jobs_race(results: Path, tmp
     assert _start_child(str(results), str(tmp_path / "again"), keys[0]) == parents[0]
 
 
-def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(results: Path, tmp_path: Path,
-                                                                             client) -> None:
+def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(
+    results: Path, tmp_path: Path, client
+) -> None:
     """The table's parent run gets the table as its description, every cell as a metric, the files as
     artifacts, the row runs' ids and a compare link that includes a row living in another experiment."""
     import urllib.parse
@@ -302,14 +332,30 @@ def test_publish_table_logs_cells_files_and_a_compare_link_across_experiments(re
     for key, experiment in (("tiny/tiny-s/pub-a/s0", "paper-a"), ("tiny/tiny-s/pub-b/s0", "paper-b")):
         with _start(results, tmp_path, key, experiment=experiment) as tracker:
             ids.append(tracker.run_id)
-    df = pd.DataFrame({"row": ["DAPO", "DAPO", "Ours"], "backbone": ["tiny-s"] * 3,
-                       "column": ["AIME24", "AMC", "AIME24"], "ours_mean": [40.0, float("nan"), 45.5],
-                       "mlflow_run_ids": [ids[0], ids[0], ids[1]]})
+    df = pd.DataFrame(
+        {
+            "row": ["DAPO", "DAPO", "Ours"],
+            "backbone": ["tiny-s"] * 3,
+            "column": ["AIME24", "AMC", "AIME24"],
+            "ours_mean": [40.0, float("nan"), 45.5],
+            "mlflow_run_ids": [ids[0], ids[0], ids[1]],
+        }
+    )
     csv, md = tmp_path / "pub.csv", tmp_path / "pub.md"
     df.to_csv(csv, index=False)
     md.write_text("# Table pub\n\n| row | AIME24 |\n|---|---|\n| Ours | 45.5 |\n")
-    link = publish_table(results, "paper-a", "tiny", "paper-a", "pub", df, md.read_text(), [csv, md],
-                         tmp_path / "local-pub", run_ids=row_run_ids(df))
+    link = publish_table(
+        results,
+        "paper-a",
+        "tiny",
+        "paper-a",
+        "pub",
+        df,
+        md.read_text(),
+        [csv, md],
+        tmp_path / "local-pub",
+        run_ids=row_run_ids(df),
+    )
     exp_a = client.get_experiment_by_name("paper-a").experiment_id
     exp_b = client.get_experiment_by_name("paper-b").experiment_id
     query = urllib.parse.parse_qs(link.split("?", 1)[1])
@@ -341,8 +387,7 @@ def test_unique_run_deletes_its_own_duplicate_when_another_job_got_there_first(r
     assert _unique_run(client, exp, "tiny/dup", create, uri)[0].info.run_id == made["other"].info.run_id
 
 
-def test_init_store_nests_runs_tracked_before_their_table_had_a_parent(results: Path, tmp_path: Path,
-                                                                       client) -> None:
+def test_init_store_nests_runs_tracked_before_their_table_had_a_parent(results: Path, tmp_path: Path, client) -> None:
     from creditlab.tracking.mlflow_tracker import PARENT_TAG, ParentRun
 
     with _start(results, tmp_path, "tiny/tiny-s/legacy/s0") as tracker:  # no parent: an older store

@@ -36,8 +36,8 @@ def test_group_coupled_loss_refuses_scattered_groups(tmp_path):
 
 
 def test_table_curves_key_is_validated_and_used():
-    from creditlab.plan import CONFIG_DIR
     from creditlab.papers.load import load_paper
+    from creditlab.plan import CONFIG_DIR
 
     spec = load_paper(CONFIG_DIR / "papers" / "dfpo.yaml")
     assert "cancel_rel_residual" in spec.table("main").curves
@@ -55,7 +55,11 @@ def test_trainer_diagnostic_gradient_equals_the_loss_only_autograd():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(3, 5, generator=g, requires_grad=True)
     logp = torch.log_softmax(torch.randn(4, 6, 3, generator=g) @ w, -1)[..., 0]  # [4, 6] through "a model"
-    old, adv, mask = logp.detach() + 0.05 * torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g), torch.ones(4, 6)
+    old, adv, mask = (
+        logp.detach() + 0.05 * torch.randn(4, 6, generator=g),
+        torch.randn(4, 6, generator=g),
+        torch.ones(4, 6),
+    )
     loss_fn = registry.get("policy_loss", "dapo")
     logp.retain_grad()
     loss_fn(logp, old, adv, mask)[0].backward()

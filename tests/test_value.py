@@ -49,9 +49,16 @@ def _direct(tr, ro, golds, i, t, branch, n, seed):
     if head and head[-1] == tr.tok.eos_token_id:
         budget = 0
     if budget > 0:
-        gen = generate(tr.model, [list(ro.prompts[i]) + head] * n, max_new_tokens=budget,
-                       eos_id=tr.tok.eos_token_id, pad_id=tr.tok.pad_token_id, temperature=TEMP, top_p=TOP_P,
-                       seed=item_seed(seed, i, t, branch))
+        gen = generate(
+            tr.model,
+            [list(ro.prompts[i]) + head] * n,
+            max_new_tokens=budget,
+            eos_id=tr.tok.eos_token_id,
+            pad_id=tr.tok.pad_token_id,
+            temperature=TEMP,
+            top_p=TOP_P,
+            seed=item_seed(seed, i, t, branch),
+        )
         conts = gen.response_ids
     else:
         conts = [[] for _ in range(n)]
@@ -75,11 +82,29 @@ def test_continuations_match_generate(world):
     tr, ro, _ = world
     prefixes = [list(ro.prompts[0]) + list(ro.responses[0][:4]), list(ro.prompts[2]), list(ro.prompts[5]) + [7]]
     budgets, seeds, n = [28, 32, 0], [11, 12, 13], 3
-    conts = sample_continuations(tr.model, prefixes, budgets, seeds, n=n, eos_id=tr.tok.eos_token_id,
-                                 pad_id=tr.tok.pad_token_id, temperature=TEMP, top_p=TOP_P, chunk=4)
+    conts = sample_continuations(
+        tr.model,
+        prefixes,
+        budgets,
+        seeds,
+        n=n,
+        eos_id=tr.tok.eos_token_id,
+        pad_id=tr.tok.pad_token_id,
+        temperature=TEMP,
+        top_p=TOP_P,
+        chunk=4,
+    )
     for k in range(2):
-        gen = generate(tr.model, [prefixes[k]] * n, max_new_tokens=budgets[k], eos_id=tr.tok.eos_token_id,
-                       pad_id=tr.tok.pad_token_id, temperature=TEMP, top_p=TOP_P, seed=seeds[k])
+        gen = generate(
+            tr.model,
+            [prefixes[k]] * n,
+            max_new_tokens=budgets[k],
+            eos_id=tr.tok.eos_token_id,
+            pad_id=tr.tok.pad_token_id,
+            temperature=TEMP,
+            top_p=TOP_P,
+            seed=seeds[k],
+        )
         assert conts[k] == gen.response_ids
     assert conts[2] == [[], [], []]
 
@@ -90,8 +115,21 @@ def test_values_against_direct_generate(world):
     probs = torch.tensor([0.3, 0.5, 0.2, 0.9, 0.6])
     n, seed = 6, 5
     scorer = GoldInText()
-    out = token_values_mc(tr.model, tr.tok, scorer, ro.prompts, ro.responses, golds, items, probs, n=n,
-                          max_new_tokens=MAX_NEW, temperature=TEMP, top_p=TOP_P, seed=seed)
+    out = token_values_mc(
+        tr.model,
+        tr.tok,
+        scorer,
+        ro.prompts,
+        ro.responses,
+        golds,
+        items,
+        probs,
+        n=n,
+        max_new_tokens=MAX_NEW,
+        temperature=TEMP,
+        top_p=TOP_P,
+        seed=seed,
+    )
     assert scorer.calls == 1  # all continuations scored in one batch
     assert set(out) == {"value", "r_with", "r_state"} and all(v.shape == (len(items),) for v in out.values())
     for k, (i, t) in enumerate(items):
@@ -116,15 +154,34 @@ def test_determinism_and_item_independence(world):
     for key in a:
         assert torch.equal(a[key], b[key])
     # an item's estimate does not depend on the other items of the call
-    one = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items[1:2], probs[1:2],
-                          seed=3, **kw)
+    one = token_values_mc(
+        tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items[1:2], probs[1:2], seed=3, **kw
+    )
     for key in a:
         assert torch.equal(one[key], a[key][1:2])
     # the seed matters: the sampled continuations change
-    s1 = sample_continuations(tr.model, [ro.prompts[0]], [MAX_NEW], [item_seed(3, 0, 0, 1)], n=4,
-                              eos_id=tr.tok.eos_token_id, pad_id=tr.tok.pad_token_id, temperature=TEMP, top_p=TOP_P)
-    s2 = sample_continuations(tr.model, [ro.prompts[0]], [MAX_NEW], [item_seed(4, 0, 0, 1)], n=4,
-                              eos_id=tr.tok.eos_token_id, pad_id=tr.tok.pad_token_id, temperature=TEMP, top_p=TOP_P)
+    s1 = sample_continuations(
+        tr.model,
+        [ro.prompts[0]],
+        [MAX_NEW],
+        [item_seed(3, 0, 0, 1)],
+        n=4,
+        eos_id=tr.tok.eos_token_id,
+        pad_id=tr.tok.pad_token_id,
+        temperature=TEMP,
+        top_p=TOP_P,
+    )
+    s2 = sample_continuations(
+        tr.model,
+        [ro.prompts[0]],
+        [MAX_NEW],
+        [item_seed(4, 0, 0, 1)],
+        n=4,
+        eos_id=tr.tok.eos_token_id,
+        pad_id=tr.tok.pad_token_id,
+        temperature=TEMP,
+        top_p=TOP_P,
+    )
     assert s1 != s2
 
 
@@ -139,8 +196,22 @@ def test_one_minus_p_clamp(world):
     tr, ro, golds = world
     items = [(1, 0)] * 4  # the same item: same seeds, same r_with / r_state
     probs = torch.tensor([0.5, 0.97, 1.0, 0.0])
-    out = token_values_mc(tr.model, tr.tok, LengthParity(), ro.prompts, ro.responses, golds, items, probs, n=8,
-                          max_new_tokens=MAX_NEW, temperature=TEMP, top_p=TOP_P, seed=1, eps=0.1)
+    out = token_values_mc(
+        tr.model,
+        tr.tok,
+        LengthParity(),
+        ro.prompts,
+        ro.responses,
+        golds,
+        items,
+        probs,
+        n=8,
+        max_new_tokens=MAX_NEW,
+        temperature=TEMP,
+        top_p=TOP_P,
+        seed=1,
+        eps=0.1,
+    )
     diff = out["r_with"] - out["r_state"]
     assert torch.equal(out["r_with"], out["r_with"][:1].expand(4)) and torch.equal(diff, diff[:1].expand(4))
     torch.testing.assert_close(out["value"], diff * torch.tensor([1 / 0.5, 1 / 0.1, 1 / 0.1, 1.0]))
@@ -149,8 +220,21 @@ def test_one_minus_p_clamp(world):
 
 def test_empty_items(world):
     tr, ro, golds = world
-    out = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, [], torch.zeros(0),
-                          n=2, max_new_tokens=MAX_NEW, temperature=TEMP, top_p=TOP_P, seed=0)
+    out = token_values_mc(
+        tr.model,
+        tr.tok,
+        GoldInText(),
+        ro.prompts,
+        ro.responses,
+        golds,
+        [],
+        torch.zeros(0),
+        n=2,
+        max_new_tokens=MAX_NEW,
+        temperature=TEMP,
+        top_p=TOP_P,
+        seed=0,
+    )
     assert all(v.shape == (0,) for v in out.values())
 
 
@@ -212,8 +296,12 @@ def test_sample_balanced_items():
     for name in CLASSES:
         boosted, pos = name.startswith("boosted"), name.endswith("pos")
         avail = sum(
-            1 for i in range(B) for t in range(T)
-            if mask[i, t] > 0 and probs[i, t] <= max_p and (delta[i, t] > eps if boosted else delta[i, t] < -eps)
+            1
+            for i in range(B)
+            for t in range(T)
+            if mask[i, t] > 0
+            and probs[i, t] <= max_p
+            and (delta[i, t] > eps if boosted else delta[i, t] < -eps)
             and (adv[i] > 0 if pos else adv[i] < 0)
         )
         assert labels.count(name) == min(per, avail) and avail > per

@@ -17,11 +17,10 @@ import uuid
 import pytest
 import torch
 import yaml
-
-from creditlab.engines.verl import plugin
-from creditlab.engines.verl import samplers
-from creditlab.plan import compose as compose_run
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from creditlab.engines.verl import plugin, samplers
+from creditlab.plan import compose as compose_run
 
 GROUP = 4
 TIED, MIXED = [1, 1, 1, 1], [1, 0, 0, 1]
@@ -35,8 +34,14 @@ def transfer_queue():
     from omegaconf import OmegaConf
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    conf = OmegaConf.create({"backend": {"storage_backend": "SimpleStorage",
-                                         "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000}}})
+    conf = OmegaConf.create(
+        {
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000},
+            }
+        }
+    )
     tq.init(conf)
     yield tq
     tq.close()
@@ -59,7 +64,9 @@ def _clear(tq, partition="train"):
 def _register(tq, step, status):
     """A prompt key as verl's trainer registers it (``_submit_batch_to_rollout``) and its agent loop updates it."""
     uid = uuid.UUID(int=next(_UIDS) * 0x9E3779B97F4A7C15 % (1 << 128)).hex
-    tq.kv_batch_put(keys=[uid], partition_id="train", tags=[{"is_prompt": True, "status": status, "global_steps": step}])
+    tq.kv_batch_put(
+        keys=[uid], partition_id="train", tags=[{"is_prompt": True, "status": status, "global_steps": step}]
+    )
     return uid
 
 
@@ -69,12 +76,20 @@ def _finish(tq, uid, rewards, step):
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     keys = [f"{uid}_{s}_0" for s in range(len(rewards))]
-    fields = [{"rm_scores": torch.tensor([0.0, 0.0, float(r)]), "uid": uid, "responses": torch.arange(3) + s,
-               "response_mask": torch.ones(3, dtype=torch.int64)} for s, r in enumerate(rewards)]
+    fields = [
+        {
+            "rm_scores": torch.tensor([0.0, 0.0, float(r)]),
+            "uid": uid,
+            "responses": torch.arange(3) + s,
+            "response_mask": torch.ones(3, dtype=torch.int64),
+        }
+        for s, r in enumerate(rewards)
+    ]
     tags = [{"status": "success", "seq_len": 13, "global_steps": step} for _ in rewards]
     tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
-    tq.kv_batch_put(keys=[uid], partition_id="train", tags=[{"is_prompt": True, "status": "finished",
-                                                             "global_steps": step}])
+    tq.kv_batch_put(
+        keys=[uid], partition_id="train", tags=[{"is_prompt": True, "status": "finished", "global_steps": step}]
+    )
 
 
 def _put(tq, rewards, step):
@@ -114,8 +129,12 @@ class _Runaway(Exception):
 
 
 def _capped(refill, cap, train_batch_size=2, inflight=1):
-    kwargs = {"filter_metric": "reward", "train_batch_size": train_batch_size, "max_num_gen_batches": cap,
-              "max_inflight_gen_batches": inflight}
+    kwargs = {
+        "filter_metric": "reward",
+        "train_batch_size": train_batch_size,
+        "max_num_gen_batches": cap,
+        "max_inflight_gen_batches": inflight,
+    }
     return samplers.CappedDapoSampler("sync", {}, None, "drop", kwargs, refill_fn=refill, poll_interval=0.01)
 
 
@@ -130,9 +149,19 @@ def test_verls_own_replay_buffer_does_not_cap_generation(tq):
     """The premise: verl 0.9.1's sync ReplayBuffer with DAPO's filter keeps refilling while every group ties; nothing
     stops it at max_num_gen_batches (verl logs that it ignores the key). Stopped here by the test after 20 batches."""
     rollout = _Rollout(tq, step=1, limit=20 * 2)
-    buffer = ReplayBuffer("sync", {}, None, "drop", {}, poll_interval=0.01, refill_fn=rollout,
-                          filter_groups_metric="reward", train_batch_size=2, gen_batch_size=1,
-                          max_inflight_gen_batches=1)
+    buffer = ReplayBuffer(
+        "sync",
+        {},
+        None,
+        "drop",
+        {},
+        poll_interval=0.01,
+        refill_fn=rollout,
+        filter_groups_metric="reward",
+        train_batch_size=2,
+        gen_batch_size=1,
+        max_inflight_gen_batches=1,
+    )
     _put(tq, TIED, 1), _put(tq, TIED, 1)  # the step's first generation batch (prepare_step)
     with pytest.raises(_Runaway):
         buffer.sample(global_steps=1, partition_id="train", batch_size=2)
@@ -195,10 +224,13 @@ def test_validation_is_verls_own_sampling(tq):
 
     sampler = _capped(_Rollout(tq), cap=1)
     uid = uuid.UUID(int=next(_UIDS)).hex
-    tq.kv_batch_put(keys=[f"{uid}_0_0"], partition_id="val", tags=[{"status": "success", "seq_len": 13}],
-                    fields=list_of_dict_to_tensordict([{"rm_scores": torch.tensor([1.0])}]))
-    tq.kv_batch_put(keys=[uid], partition_id="val", tags=[{"is_prompt": True, "status": "finished",
-                                                           "global_steps": 1}])
+    tq.kv_batch_put(
+        keys=[f"{uid}_0_0"],
+        partition_id="val",
+        tags=[{"status": "success", "seq_len": 13}],
+        fields=list_of_dict_to_tensordict([{"rm_scores": torch.tensor([1.0])}]),
+    )
+    tq.kv_batch_put(keys=[uid], partition_id="val", tags=[{"is_prompt": True, "status": "finished", "global_steps": 1}])
     batch, metrics = sampler.sample(global_steps=1, partition_id="val", batch_size=1)
     assert batch.keys == [f"{uid}_0_0"] and "creditlab/n_gen_batches" not in metrics
     tq.kv_clear(keys=batch.keys, partition_id="val")
@@ -209,8 +241,9 @@ def test_sampler_refuses_what_it_cannot_cap():
     with pytest.raises(ValueError, match=">= 1"):
         samplers.CappedDapoSampler("sync", {}, None, "drop", kwargs, refill_fn=lambda n: n)
     with pytest.raises(ValueError, match="sync"):
-        samplers.CappedDapoSampler("async", {}, None, "drop", {**kwargs, "max_num_gen_batches": 2},
-                                   refill_fn=lambda n: n)
+        samplers.CappedDapoSampler(
+            "async", {}, None, "drop", {**kwargs, "max_num_gen_batches": 2}, refill_fn=lambda n: n
+        )
     with pytest.raises(ValueError, match="max_num_gen_batches"):
         samplers.CappedDapoSampler("sync", {}, None, "drop", {"filter_metric": "acc"}, refill_fn=lambda n: n)
 
@@ -237,10 +270,15 @@ def test_dynamic_sampling_runs_get_the_capped_sampler_through_verls_trainer(tmp_
 
     def build(run_cfg):
         with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            verl_cfg = compose("ppo_trainer", overrides=[*plugin.plugin_overrides(run_cfg),
-                                                         f"data.train_batch_size={t['prompts_per_step']}",
-                                                         f"algorithm.filter_groups.enable={ds(run_cfg)}",
-                                                         f"+creditlab.config_path={path}"])
+            verl_cfg = compose(
+                "ppo_trainer",
+                overrides=[
+                    *plugin.plugin_overrides(run_cfg),
+                    f"data.train_batch_size={t['prompts_per_step']}",
+                    f"algorithm.filter_groups.enable={ds(run_cfg)}",
+                    f"+creditlab.config_path={path}",
+                ],
+            )
         with open_dict(verl_cfg):
             verl_cfg.trainer.v1.trainer_mode = "sync"  # as CreditlabTrainer.__init__ does
         trainer = object.__new__(vtrainer.CreditlabTrainer)

@@ -5,15 +5,18 @@ What runs here for real: verl's policy-loss and advantage registries and its van
 V1 trainer's ``_balance_batch`` (QB, sequential) / ``_compute_advantage`` / ``_update_actor`` and verl's dispatch
 chunking, worker input (``_meta_to_realdata``), mini-batch iterator and micro-batching (``prepare_micro_batches``
 with ``force_group_size``); the group-coupled losses (grpo_fix, dfpo) through ``ppo_loss`` with the micro-batch's
-group ids; a real TransferQueue (Ray local mode, one storage unit) for the RB sampler and the batch orders; verl's FSDP engine
+group ids; a real TransferQueue (Ray local mode, one storage unit) for the RB sampler and the batch orders; verl's
+FSDP engine
 ``forward_step`` on a tiny Qwen3 for the hidden-state capture (the only CPU adaptation: verl's device lookup
 returns "cpu"). What does not run here: verl's Ray worker group, FSDP, vLLM (GPU only).
 """
 
 from __future__ import annotations
 
-import threading
+# verl 0.9.1 and TransferQueue 0.1.11 are in the dev install (make install): a missing one fails here, loudly
+import importlib  # noqa: E402
 import itertools
+import threading
 import uuid
 from types import SimpleNamespace
 
@@ -22,30 +25,28 @@ import pytest
 import torch
 import yaml
 
-# verl 0.9.1 and TransferQueue 0.1.11 are in the dev install (make install): a missing one fails here, loudly
-import importlib  # noqa: E402
-
 for _required in ("verl", "transfer_queue"):
     importlib.import_module(_required)
 
 from tensordict import TensorDict  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
 from creditlab.algos import registry  # noqa: E402
 from creditlab.algos.batching import RewardBalancedBuffer, sign_counts  # noqa: E402
 from creditlab.algos.credit.arca import arca_weights  # noqa: E402
-from creditlab.algos.credit.base import method_entries  # noqa: E402
-from creditlab.algos.credit.base import CreditInputs, apply_credit  # noqa: E402
+from creditlab.algos.credit.base import (  # noqa: E402
+    CreditInputs,
+    apply_credit,
+    method_entries,
+)
 from creditlab.algos.credit.delta import delta_weights  # noqa: E402
 from creditlab.algos.credit.dlogp import dlogp_weights  # noqa: E402
-from creditlab.engines.verl import ordering  # noqa: E402
-from creditlab.engines.verl import plugin  # noqa: E402
-from creditlab.engines.verl import samplers  # noqa: E402
+from creditlab.engines.verl import ordering, plugin, samplers  # noqa: E402
 from creditlab.engines.verl import trainer as vtrainer  # noqa: E402
 from creditlab.engines.verl import workers as vworkers  # noqa: E402
 from creditlab.plan import compose as compose_run  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
-from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
 GROUP = 4
 RB_ON = "trainer.reward_balance.enable=true"
@@ -78,14 +79,29 @@ def _batch(B=8, T=7, d=16, seed=0):
     gids = torch.arange(B) // GROUP
     adv = registry.get("advantage", "grpo")(rewards, gids)
     hidden = torch.randn(B, T, d, generator=g)
-    return SimpleNamespace(mask=mask, old=old, new=new, adv=adv, gids=gids, hidden=hidden,
-                           responses=torch.randint(3, 50, (B, T), generator=g), lens=lens)
+    return SimpleNamespace(
+        mask=mask,
+        old=old,
+        new=new,
+        adv=adv,
+        gids=gids,
+        hidden=hidden,
+        responses=torch.randint(3, 50, (B, T), generator=g),
+        lens=lens,
+    )
 
 
 def _actor_config(agg, dp=1, n_tokens=None, gbs=None, loss_mode="vanilla"):
-    cfg = FSDPActorConfig(strategy="fsdp", rollout_n=GROUP, ppo_micro_batch_size_per_gpu=2, clip_ratio_low=0.2,
-                          clip_ratio_high=0.28, clip_ratio_c=10.0, loss_agg_mode=agg,
-                          policy_loss=PolicyLossConfig(loss_mode=loss_mode))
+    cfg = FSDPActorConfig(
+        strategy="fsdp",
+        rollout_n=GROUP,
+        ppo_micro_batch_size_per_gpu=2,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=10.0,
+        loss_agg_mode=agg,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+    )
     cfg.global_batch_info.update(dp_size=dp, batch_num_tokens=n_tokens, global_batch_size=gbs, loss_scale_factor=None)
     return cfg
 
@@ -115,21 +131,31 @@ def test_every_creditlab_loss_and_advantage_is_in_verls_registries():
     for name in ("dfpo", "grpo_fix"):  # group-coupled: outside the worker's with_group_ids they refuse, loudly
         assert plugin.needs_group_ids(name) and plugin.current_group_ids() is None
         with pytest.raises(ValueError, match="group ids of the micro-batch"):
-            core_algos.get_policy_loss_fn(f"creditlab_{name}")(b.old, b.new, b.adv[:, None] * b.mask, b.mask.bool(),
-                                                               loss_agg_mode="seq-mean-token-mean")
+            core_algos.get_policy_loss_fn(f"creditlab_{name}")(
+                b.old, b.new, b.adv[:, None] * b.mask, b.mask.bool(), loss_agg_mode="seq-mean-token-mean"
+            )
     assert not plugin.needs_group_ids("dapo") and not plugin.needs_group_ids("gspo")
 
 
-@pytest.mark.parametrize("agg,dp", [("token-mean", 1), ("token-mean", 2), ("seq-mean-token-mean", 1),
-                                    ("seq-mean-token-mean", 2), ("seq-mean-token-sum", 2)])
+@pytest.mark.parametrize(
+    "agg,dp",
+    [
+        ("token-mean", 1),
+        ("token-mean", 2),
+        ("seq-mean-token-mean", 1),
+        ("seq-mean-token-mean", 2),
+        ("seq-mean-token-sum", 2),
+    ],
+)
 def test_registered_dapo_equals_verl_vanilla_on_folded_advantages(tmp_path, monkeypatch, agg, dp):
     """creditlab_dapo (registered, kwargs from the run config) == verl's compute_policy_loss_vanilla, value and
     gradient, on advantages with DelTA x Δlog p weights folded in, per rank of a dp-rank mini-batch."""
     cfg = _run_cfg("dapo", [f"method.loss_kwargs.agg={agg}"])
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, cfg))
     b = _batch(B=8)
-    inputs = CreditInputs(responses=b.responses, mask=b.mask, old_logp=b.old, advantages=b.adv, group_ids=b.gids,
-                          hidden=b.hidden)
+    inputs = CreditInputs(
+        responses=b.responses, mask=b.mask, old_logp=b.old, advantages=b.adv, group_ids=b.gids, hidden=b.hidden
+    )
     credit = method_entries("credit", [{"name": "dlogp", "alpha": 0.2}, {"name": "delta"}])
     adv_tok, loss_mask, w = plugin.fold_credit(inputs, credit, [])
     assert torch.equal(loss_mask, b.mask) and w[b.mask.bool()].std() > 0.01  # the weights are not trivial
@@ -145,16 +171,20 @@ def test_registered_dapo_equals_verl_vanilla_on_folded_advantages(tmp_path, monk
             loss, metrics = fn(args[0], logp, args[2], args[3], loss_agg_mode=agg, config=config)
             (grad,) = torch.autograd.grad(loss, logp)
             out[name] = (loss.detach(), grad, metrics)
-        diffs += [(out["ours"][0] - out["vanilla"][0]).abs().item(),
-                  (out["ours"][1] - out["vanilla"][1]).abs().max().item()]
+        diffs += [
+            (out["ours"][0] - out["vanilla"][0]).abs().item(),
+            (out["ours"][1] - out["vanilla"][1]).abs().max().item(),
+        ]
         assert out["ours"][2]["actor/pg_clipfrac"] == pytest.approx(out["vanilla"][2]["actor/pg_clipfrac"])
         assert out["ours"][2]["actor/dual_clipfrac"] > 0 and out["ours"][2]["actor/clipfrac"] > 0  # all branches used
     assert max(diffs) < 1e-6, diffs
     # the folding matters: verl's loss on the unweighted advantages is a different loss
-    plain = core_algos.compute_policy_loss_vanilla(b.old, b.new, b.adv[:, None] * b.mask, b.mask.bool(),
-                                                   loss_agg_mode=agg, config=_actor_config(agg))[0]
-    folded = core_algos.compute_policy_loss_vanilla(b.old, b.new, adv_tok, b.mask.bool(), loss_agg_mode=agg,
-                                                    config=_actor_config(agg))[0]
+    plain = core_algos.compute_policy_loss_vanilla(
+        b.old, b.new, b.adv[:, None] * b.mask, b.mask.bool(), loss_agg_mode=agg, config=_actor_config(agg)
+    )[0]
+    folded = core_algos.compute_policy_loss_vanilla(
+        b.old, b.new, adv_tok, b.mask.bool(), loss_agg_mode=agg, config=_actor_config(agg)
+    )[0]
     assert (plain - folded).abs() > 1e-4
 
 
@@ -168,17 +198,25 @@ def test_registered_sapo_gspo_equal_verls_own(tmp_path, monkeypatch, loss):
     adv = b.adv[:, None] * torch.linspace(0.8, 1.2, b.mask.shape[1]) * b.mask
     diffs = []
     for shard in torch.arange(8).chunk(2):
-        config = FSDPActorConfig(strategy="fsdp", rollout_n=GROUP, ppo_micro_batch_size_per_gpu=2,
-                                 loss_agg_mode=kw["agg"],
-                                 clip_ratio_low=kw.get("eps_low", 0.2), clip_ratio_high=kw.get("eps_high", 0.2),
-                                 tau_pos=kw.get("tau_pos", 1.0), tau_neg=kw.get("tau_neg", 1.05))
-        config.global_batch_info.update(dp_size=2, batch_num_tokens=int(b.mask.sum()), global_batch_size=8,
-                                        loss_scale_factor=None)
+        config = FSDPActorConfig(
+            strategy="fsdp",
+            rollout_n=GROUP,
+            ppo_micro_batch_size_per_gpu=2,
+            loss_agg_mode=kw["agg"],
+            clip_ratio_low=kw.get("eps_low", 0.2),
+            clip_ratio_high=kw.get("eps_high", 0.2),
+            tau_pos=kw.get("tau_pos", 1.0),
+            tau_neg=kw.get("tau_neg", 1.05),
+        )
+        config.global_batch_info.update(
+            dp_size=2, batch_num_tokens=int(b.mask.sum()), global_batch_size=8, loss_scale_factor=None
+        )
         out = []
         for name in (f"creditlab_{loss}", loss):
             logp = b.new[shard].clone().requires_grad_(True)
-            value, _ = core_algos.get_policy_loss_fn(name)(b.old[shard], logp, adv[shard], b.mask[shard].bool(),
-                                                           loss_agg_mode=kw["agg"], config=config)
+            value, _ = core_algos.get_policy_loss_fn(name)(
+                b.old[shard], logp, adv[shard], b.mask[shard].bool(), loss_agg_mode=kw["agg"], config=config
+            )
             out.append((value.detach(), torch.autograd.grad(value, logp)[0]))
         assert out[0][0] != 0
         diffs += [(out[0][0] - out[1][0]).abs().item(), (out[0][1] - out[1][1]).abs().max().item()]
@@ -194,13 +232,19 @@ def test_verl_worker_loss_path_with_our_loss_mode(tmp_path, monkeypatch):
     b = _batch(B=6)
     lens = b.lens.tolist()
     prompts = [torch.randint(3, 50, (3 + i % 2,)) for i in range(6)]
-    full_logp = [torch.cat([torch.zeros(len(p) - 1), b.new[i, :lens[i]], torch.zeros(1)])
-                 for i, p in enumerate(prompts)]
-    data = TensorDict({"prompts": _nt(prompts), "responses": _nt(b.responses[i, :n] for i, n in enumerate(lens)),
-                       "response_mask": _nt(b.mask[i, :n] for i, n in enumerate(lens)),
-                       "old_log_probs": _nt(b.old[i, :n] for i, n in enumerate(lens)),
-                       "advantages": _nt((b.adv[i] * torch.linspace(0.8, 1.2, n)) for i, n in enumerate(lens))},
-                      batch_size=[6])
+    full_logp = [
+        torch.cat([torch.zeros(len(p) - 1), b.new[i, : lens[i]], torch.zeros(1)]) for i, p in enumerate(prompts)
+    ]
+    data = TensorDict(
+        {
+            "prompts": _nt(prompts),
+            "responses": _nt(b.responses[i, :n] for i, n in enumerate(lens)),
+            "response_mask": _nt(b.mask[i, :n] for i, n in enumerate(lens)),
+            "old_log_probs": _nt(b.old[i, :n] for i, n in enumerate(lens)),
+            "advantages": _nt((b.adv[i] * torch.linspace(0.8, 1.2, n)) for i, n in enumerate(lens)),
+        },
+        batch_size=[6],
+    )
     tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(b.mask.sum()), global_batch_size=6)
     losses = {}
     for mode in ("vanilla", "creditlab_dapo"):
@@ -223,8 +267,11 @@ def _rank_minibatch(loss, n_groups=4, seed=0, dtype=torch.float64):
     mask = (torch.arange(T)[None] < torch.tensor(R)[:, None]).to(dtype)
     old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
     if loss == "dfpo":
-        new = old + (torch.rand(B, 1, generator=g, dtype=dtype) - 0.5) * 1.6e-3 + torch.randn(B, T, generator=g,
-                                                                                              dtype=dtype) * 2e-4
+        new = (
+            old
+            + (torch.rand(B, 1, generator=g, dtype=dtype) - 0.5) * 1.6e-3
+            + torch.randn(B, T, generator=g, dtype=dtype) * 2e-4
+        )
     else:
         new = old + torch.randn(B, T, generator=g, dtype=dtype) * 0.3
     rewards = torch.randint(0, 2, (B,), generator=g).to(dtype)
@@ -233,11 +280,18 @@ def _rank_minibatch(loss, n_groups=4, seed=0, dtype=torch.float64):
     uids = [uuid.UUID(int=int(torch.randint(0, 2**62, (1,), generator=g))).hex for _ in range(n_groups)]
     prompts = [torch.randint(3, 50, (p,), generator=g) for p in P]
     resps = [torch.randint(3, 50, (r,), generator=g) for r in R]
-    td = TensorDict({"input_ids": _nt(torch.cat([a, b]) for a, b in zip(prompts, resps)), "prompts": _nt(prompts),
-                     "responses": _nt(resps), "response_mask": _nt(mask[i, :n] for i, n in enumerate(R)),
-                     "old_log_probs": _nt(old[i, :n] for i, n in enumerate(R)),
-                     "advantages": _nt(adv[i, :n] for i, n in enumerate(R)), "row": torch.arange(B)},
-                    batch_size=[B])
+    td = TensorDict(
+        {
+            "input_ids": _nt(torch.cat([a, b]) for a, b in zip(prompts, resps)),
+            "prompts": _nt(prompts),
+            "responses": _nt(resps),
+            "response_mask": _nt(mask[i, :n] for i, n in enumerate(R)),
+            "old_log_probs": _nt(old[i, :n] for i, n in enumerate(R)),
+            "advantages": _nt(adv[i, :n] for i, n in enumerate(R)),
+            "row": torch.arange(B),
+        },
+        batch_size=[B],
+    )
     td["uid"] = tu.get_tensordict({"uid": [uids[int(i)] for i in gids]})["uid"]
     tok = torch.stack([torch.nn.functional.pad(r, (0, T - len(r))) for r in resps])  # Tensor[B, T] token ids
     return SimpleNamespace(td=td, P=P, R=R, mask=mask, old=old, new=new, adv=adv, gids=gids, B=B, tok=tok)
@@ -261,22 +315,41 @@ def _verl_loss_path(mb, loss, agg, dp, force_group, budget):
     out = []
     for rank_rows in torch.arange(mb.B).chunk(dp):
         data = tu.index_select_tensor_dict(mb.td, rank_rows)
-        tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=budget, force_group_size=force_group,
-                             dp_size=dp, batch_num_tokens=int(mb.mask.sum()), global_batch_size=mb.B)
+        tu.assign_non_tensor(
+            data,
+            use_dynamic_bsz=True,
+            max_token_len_per_gpu=budget,
+            force_group_size=force_group,
+            dp_size=dp,
+            batch_num_tokens=int(mb.mask.sum()),
+            global_batch_size=mb.B,
+        )
         micro_batches, _ = prepare_micro_batches(data)
         for micro in micro_batches:
             rows = micro["row"].tolist()
             leaf = mb.new.clone().requires_grad_(True)
-            full = [torch.cat([torch.zeros(mb.P[i] - 1, dtype=leaf.dtype), leaf[i, :mb.R[i]],
-                               torch.zeros(1, dtype=leaf.dtype)]) for i in rows]
+            full = [
+                torch.cat(
+                    [torch.zeros(mb.P[i] - 1, dtype=leaf.dtype), leaf[i, : mb.R[i]], torch.zeros(1, dtype=leaf.dtype)]
+                )
+                for i in rows
+            ]
             value, _ = fn(model_output={"log_probs": _nt(full)}, data=micro, dp_group=None)
             out.append((rows, value.detach(), torch.autograd.grad(value, leaf)[0]))
     return out
 
 
-@pytest.mark.parametrize("loss,agg,dp", [("dfpo", "seq-mean-token-mean", 1), ("dfpo", "seq-mean-token-mean", 2),
-                                         ("dfpo", "token-mean", 2), ("grpo_fix", "seq-mean-token-mean", 1),
-                                         ("grpo_fix", "seq-mean-token-mean", 2), ("grpo_fix", "token-mean", 2)])
+@pytest.mark.parametrize(
+    "loss,agg,dp",
+    [
+        ("dfpo", "seq-mean-token-mean", 1),
+        ("dfpo", "seq-mean-token-mean", 2),
+        ("dfpo", "token-mean", 2),
+        ("grpo_fix", "seq-mean-token-mean", 1),
+        ("grpo_fix", "seq-mean-token-mean", 2),
+        ("grpo_fix", "token-mean", 2),
+    ],
+)
 def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, loss, agg, dp):
     """creditlab_grpo_fix / creditlab_dfpo through verl's real actor loss path (prepare_micro_batches with dynamic
     batch sizes and the trainer's force_group_size = G, ppo_loss inside the worker's with_group_ids, dp ranks)
@@ -294,8 +367,9 @@ def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, 
         leaf = mb.new[rows].clone().requires_grad_(True)
         if loss == "grpo_fix":  # its shared tokens are token ids: the micro-batch's `responses` reach it
             extra["responses"] = mb.tok[rows]
-        value, stats = direct(leaf, mb.old[rows], mb.adv[rows], mb.mask[rows], group_ids=mb.gids[rows], agg=agg,
-                              **extra, **kw)
+        value, stats = direct(
+            leaf, mb.old[rows], mb.adv[rows], mb.mask[rows], group_ids=mb.gids[rows], agg=agg, **extra, **kw
+        )
         return value, torch.autograd.grad(value, leaf)[0], stats
 
     mb = _rank_minibatch(loss, n_groups=6)
@@ -317,9 +391,11 @@ def test_group_coupled_losses_on_verls_loss_path(tmp_path, monkeypatch, capsys, 
     ref, ref_grad, stats = creditlab(torch.arange(mb.B))  # the local engine: the whole mini-batch at once
     d_loss, d_grad = (total - ref).abs().item(), (total_grad - ref_grad).abs().max().item()
     with capsys.disabled():
-        print(f"\n{loss} {agg} dp={dp}, {len(micro)} micro-batches: max |diff| per micro-batch {max(d_micro):.1e}; "
-              f"mini-batch loss {d_loss:.1e}, gradient {d_grad:.1e} (loss {ref.item():.3e}, "
-              f"max |grad| {ref_grad.abs().max().item():.1e})")
+        print(
+            f"\n{loss} {agg} dp={dp}, {len(micro)} micro-batches: max |diff| per micro-batch {max(d_micro):.1e}; "
+            f"mini-batch loss {d_loss:.1e}, gradient {d_grad:.1e} (loss {ref.item():.3e}, "
+            f"max |grad| {ref_grad.abs().max().item():.1e})"
+        )
     assert ref.abs() > 1e-6 and ref_grad.abs().max() > 1e-6
     assert max(d_micro) < 1e-12 and d_loss < 1e-12 and d_grad < 1e-12
     if loss == "dfpo":
@@ -341,14 +417,20 @@ def test_worker_installs_the_group_ids_wrapper_for_group_coupled_losses():
         def set_loss_fn(self, fn):
             self.loss_fn = fn
 
-    for mode, wrapped in (("creditlab_dfpo", True), ("creditlab_grpo_fix", True), ("creditlab_dapo", False),
-                          ("vanilla", False)):
-        inner = (lambda model_output, data, dp_group=None: (plugin.current_responses(4), plugin.current_group_ids()))
-        worker = SimpleNamespace(actor=_Actor(), loss_fn=inner,
-                                 config=OmegaConf.create({"actor": {"policy_loss": {"loss_mode": mode}}}))
+    for mode, wrapped in (
+        ("creditlab_dfpo", True),
+        ("creditlab_grpo_fix", True),
+        ("creditlab_dapo", False),
+        ("vanilla", False),
+    ):
+        inner = lambda model_output, data, dp_group=None: (plugin.current_responses(4), plugin.current_group_ids())
+        worker = SimpleNamespace(
+            actor=_Actor(), loss_fn=inner, config=OmegaConf.create({"actor": {"policy_loss": {"loss_mode": mode}}})
+        )
         assert vworkers.install_group_ids(worker) is wrapped
-        assert (worker.loss_fn is inner) is not wrapped and getattr(worker.actor, "loss_fn", None) is \
-            (worker.loss_fn if wrapped else None)
+        assert (worker.loss_fn is inner) is not wrapped and getattr(worker.actor, "loss_fn", None) is (
+            worker.loss_fn if wrapped else None
+        )
         if wrapped:
             data = TensorDict({}, batch_size=[3])
             data["uid"] = tu.get_tensordict({"uid": ["b", "a", "b"]})["uid"]
@@ -372,8 +454,9 @@ def test_creditlab_grpo_estimator_equals_verls_grpo_through_compute_advantage(tm
     uids = np.array([f"u{i // GROUP}" for i in range(12)], dtype=object)
     outs = {}
     for est in ("grpo", "creditlab_grpo", "creditlab_rloo"):
-        data = DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": b.mask},
-                                   non_tensors={"uid": uids})
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": scores, "response_mask": b.mask}, non_tensors={"uid": uids}
+        )
         algo = SimpleNamespace(get=lambda *a: None)
         outs[est] = compute_advantage(data, adv_estimator=est, config=algo).batch["advantages"]
     assert (outs["grpo"] - outs["creditlab_grpo"]).abs().max() < 1e-6
@@ -384,12 +467,20 @@ def test_fold_credit_is_the_local_engine_composition():
     """adv_tok = A w (credit functions multiplied), loss mask = mask x token filters, as the local engine."""
     b = _batch(B=8)
     entropy = torch.rand(8, 7)
-    inputs = CreditInputs(responses=b.responses, mask=b.mask, old_logp=b.old, advantages=b.adv, group_ids=b.gids,
-                          hidden=b.hidden, entropy=entropy)
+    inputs = CreditInputs(
+        responses=b.responses,
+        mask=b.mask,
+        old_logp=b.old,
+        advantages=b.adv,
+        group_ids=b.gids,
+        hidden=b.hidden,
+        entropy=entropy,
+    )
     credit = [{"name": "dlogp", "alpha": 0.1}, {"name": "ppl"}]
     filters = [{"name": "forking", "top_frac": 0.3}]
-    adv_tok, loss_mask, w = plugin.fold_credit(inputs, method_entries("credit", credit),
-                                               method_entries("token_filter", filters))
+    adv_tok, loss_mask, w = plugin.fold_credit(
+        inputs, method_entries("credit", credit), method_entries("token_filter", filters)
+    )
     want_w = torch.ones_like(b.old)
     for fn, kw in method_entries("credit", credit):
         want_w = want_w * apply_credit(fn, inputs, kw)
@@ -452,17 +543,20 @@ def test_plugin_overrides_compose_with_verls_config(tmp_path, monkeypatch, run):
     assert verl_cfg.ray_kwargs.ray_init.runtime_env.env_vars[plugin.ENV_RUN_CONFIG] == path
 
 
-@pytest.mark.parametrize("method,over,match", [
-    ("dfpo", ["trainer.batching=verl_default"], "couples the rollouts of a group.*'verl_default'"),
-    ("grpo_fix", ["trainer.batching=verl_default"], "couples the rollouts of a group"),
-    ("dapo", ["trainer.batching=random"], "random and token_balanced are local-engine orders"),
-    ("dapo", ["trainer.batching=token_balanced"], "not supported on the verl engine"),
-    ("grpo", ["trainer.batching=sequential", "trainer.mini_batches=3"], "not a multiple of trainer.mini_batches=3"),
-    ("dapo", ["trainer.batching=sign_partitioned", "trainer.mini_batches=3"], "not a multiple of trainer.mini_b"),
-    ("dapo", ["trainer.batching=nope"], "not supported"),
-    ("dapo", ["trainer.reward_balance.enable=true", "trainer.dynamic_sampling=true"], "dynamic sampling"),
-    ("arca", ["trainer.lora.enable=false"], "lora.enable"),
-])
+@pytest.mark.parametrize(
+    "method,over,match",
+    [
+        ("dfpo", ["trainer.batching=verl_default"], "couples the rollouts of a group.*'verl_default'"),
+        ("grpo_fix", ["trainer.batching=verl_default"], "couples the rollouts of a group"),
+        ("dapo", ["trainer.batching=random"], "random and token_balanced are local-engine orders"),
+        ("dapo", ["trainer.batching=token_balanced"], "not supported on the verl engine"),
+        ("grpo", ["trainer.batching=sequential", "trainer.mini_batches=3"], "not a multiple of trainer.mini_batches=3"),
+        ("dapo", ["trainer.batching=sign_partitioned", "trainer.mini_batches=3"], "not a multiple of trainer.mini_b"),
+        ("dapo", ["trainer.batching=nope"], "not supported"),
+        ("dapo", ["trainer.reward_balance.enable=true", "trainer.dynamic_sampling=true"], "dynamic sampling"),
+        ("arca", ["trainer.lora.enable=false"], "lora.enable"),
+    ],
+)
 def test_plugin_overrides_refuses_what_verl_cannot_run(method, over, match):
     cfg = _run_cfg(method, over)
     with pytest.raises(ValueError, match=match):
@@ -506,14 +600,31 @@ def test_topk_proxy_runs_on_the_workers_as_in_the_local_engine():
     want = torch.log_softmax(b.hidden @ W.T, -1).topk(8, dim=-1)
     assert torch.allclose(vals, want.values, atol=1e-6) and torch.equal(ids, want.indices)
     kw = {k: v for k, v in cfg["method"]["credit"][0].items() if k != "name"}
-    out = vworkers.worker_credit({"credit": cfg["method"]["credit"]}, responses=b.responses, mask=b.mask,
-                                 old_logp=b.old, advantages=b.adv, uids=[str(g) for g in b.gids.tolist()],
-                                 entropy=None, hidden=b.hidden, topk_logp=vals, topk_ids=ids, lm_head=W)["weights"]
+    out = vworkers.worker_credit(
+        {"credit": cfg["method"]["credit"]},
+        responses=b.responses,
+        mask=b.mask,
+        old_logp=b.old,
+        advantages=b.adv,
+        uids=[str(g) for g in b.gids.tolist()],
+        entropy=None,
+        hidden=b.hidden,
+        topk_logp=vals,
+        topk_ids=ids,
+        lm_head=W,
+    )["weights"]
     ref = local_delta(b.responses, b.mask, b.old, b.adv, b.hidden, topk_logp=vals, topk_ids=ids, lm_head=W, **kw)
     assert torch.allclose(out, ref, atol=1e-6)
-    default = vworkers.worker_credit({"credit": [{"name": "delta"}]}, responses=b.responses, mask=b.mask, old_logp=b.old,
-                                     advantages=b.adv, uids=[str(g) for g in b.gids.tolist()], entropy=None,
-                                     hidden=b.hidden)["weights"]
+    default = vworkers.worker_credit(
+        {"credit": [{"name": "delta"}]},
+        responses=b.responses,
+        mask=b.mask,
+        old_logp=b.old,
+        advantages=b.adv,
+        uids=[str(g) for g in b.gids.tolist()],
+        entropy=None,
+        hidden=b.hidden,
+    )["weights"]
     assert (out - default).abs().max() > 1e-4
 
 
@@ -528,8 +639,14 @@ def transfer_queue():
     from omegaconf import OmegaConf
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    conf = OmegaConf.create({"backend": {"storage_backend": "SimpleStorage",
-                                         "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000}}})
+    conf = OmegaConf.create(
+        {
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000},
+            }
+        }
+    )
     tq.init(conf)
     yield tq
     tq.close()
@@ -556,13 +673,20 @@ def _put_group(tq, rewards, step, partition="train", seq_lens=None):
     for s, r in enumerate(rewards):
         L = 3 + s if seq_lens is None else seq_lens[s]
         keys.append(f"{uid}_{s}_0")
-        fields.append({"rm_scores": torch.tensor([0.0] * (L - 1) + [float(r)]), "uid": uid,
-                       "prompts": torch.tensor(list(uid.encode())), "responses": torch.arange(L) + s,
-                       "response_mask": torch.ones(L, dtype=torch.int64)})
+        fields.append(
+            {
+                "rm_scores": torch.tensor([0.0] * (L - 1) + [float(r)]),
+                "uid": uid,
+                "prompts": torch.tensor(list(uid.encode())),
+                "responses": torch.arange(L) + s,
+                "response_mask": torch.ones(L, dtype=torch.int64),
+            }
+        )
         tags.append({"status": "success", "seq_len": 10 + L, "global_steps": step})
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
-    tq.kv_batch_put(keys=[uid], partition_id=partition,
-                    tags=[{"is_prompt": True, "status": "finished", "global_steps": step}])
+    tq.kv_batch_put(
+        keys=[uid], partition_id=partition, tags=[{"is_prompt": True, "status": "finished", "global_steps": step}]
+    )
     return uid, keys
 
 
@@ -587,15 +711,16 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
         for rewards in pending.pop(0):
             uids.append(_put_group(tq, rewards, step=9)[0])
 
-    sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 1, "sign": "advantage"},
-                                             refill_fn=refill, poll_interval=0.01)
+    sampler = samplers.RewardBalancedSampler(
+        "sync", {}, 8, "drop", {"rho": 0.25, "max_age": 1, "sign": "advantage"}, refill_fn=refill, poll_interval=0.01
+    )
     local = RewardBalancedBuffer(2, 0.25, 1)  # the local engine's buffer, fed the same groups
 
     def local_add(rewards_list, round_):
-        for u, rw in zip(uids[-len(rewards_list):], rewards_list):
+        for u, rw in zip(uids[-len(rewards_list) :], rewards_list):
             zeros = torch.zeros(len(rw), dtype=torch.long)
             adv = registry.get("advantage", "grpo")(torch.tensor(rw, dtype=torch.float32), zeros)
-            (n_pos, n_neg, size), = sign_counts(adv, torch.zeros(len(rw), dtype=torch.long)).values()
+            ((n_pos, n_neg, size),) = sign_counts(adv, torch.zeros(len(rw), dtype=torch.long)).values()
             local.add(u, n_pos, n_neg, size, round_)
 
     # round 0: the two oldest groups carry no signal (all right / all wrong): a swap must bring in signed ones
@@ -638,8 +763,9 @@ def test_rb_sampler_on_exhausted_trains_the_oldest_groups(transfer_queue, tmp_pa
     tq = transfer_queue
     _clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
-    sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", {"rho": 0.25, "max_age": 2, "max_rounds": 1},
-                                             refill_fn=None, poll_interval=0.01)
+    sampler = samplers.RewardBalancedSampler(
+        "sync", {}, 8, "drop", {"rho": 0.25, "max_age": 2, "max_rounds": 1}, refill_fn=None, poll_interval=0.01
+    )
     first = _put_group(tq, [1, 1, 1, 1], step=1)[0]
     second = _put_group(tq, [0, 0, 0, 0], step=1)[0]
     _put_group(tq, [1, 1, 1, 1], step=1)
@@ -686,8 +812,14 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     tq = transfer_queue
     _clear_partition(tq)
     dp, prompts, mini = 2, 16, 4  # 16 prompts x 4 rollouts, mini-batches of 4 prompts, 2 ranks
-    verl_cfg = _verl_cfg([f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-                          f"actor_rollout_ref.rollout.n={GROUP}", "actor_rollout_ref.actor.shuffle=false"])
+    verl_cfg = _verl_cfg(
+        [
+            f"data.train_batch_size={prompts}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+            f"actor_rollout_ref.rollout.n={GROUP}",
+            "actor_rollout_ref.actor.shuffle=false",
+        ]
+    )
     g = torch.Generator().manual_seed(0)
     keys, tags = [], []
     for _ in range(prompts):
@@ -702,8 +834,9 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
         t = _trainer_stub(verl_cfg, dp, qb=qb)
         batch = t._balance_batch(batch, metrics)
         realised = _realised_minibatches(batch, dp, mini * GROUP)
-        assert [[batch.keys.index(k) for _, k in mb] for mb in realised] == \
-            [sorted(rows) for rows in ordering.verl_minibatches(len(batch), dp, mini * GROUP)]  # our model of verl
+        assert [[batch.keys.index(k) for _, k in mb] for mb in realised] == [
+            sorted(rows) for rows in ordering.verl_minibatches(len(batch), dp, mini * GROUP)
+        ]  # our model of verl
         if name == "verl":  # the local engine's baseline order (verl_default) makes verl's real optimizer steps
             from creditlab.algos.batching import verl_default_minibatches
             from creditlab.engines.verl.plugin import group_index
@@ -712,15 +845,20 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
             order = ordering.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
             ck = [keys[i] for i in order]
             seq = torch.tensor([tags[i]["seq_len"] for i in order])
-            local = verl_default_minibatches(group_index([ordering.uid_of(k) for k in ck]), len(realised),
-                                             torch.Generator(), seq_lengths=seq, n_ranks=dp)
+            local = verl_default_minibatches(
+                group_index([ordering.uid_of(k) for k in ck]),
+                len(realised),
+                torch.Generator(),
+                seq_lengths=seq,
+                n_ranks=dp,
+            )
             assert [sorted(ck[i] for i in mb.tolist()) for mb in local] == [sorted(k for _, k in mb) for mb in realised]
         steps, places = {}, {}  # per group: the optimizer steps / (step, rank) pairs its rollouts land in
         for m, mb in enumerate(realised):
             for rank, k in mb:
                 steps.setdefault(ordering.uid_of(k), set()).add(m)
                 places.setdefault(ordering.uid_of(k), set()).add((m, rank))
-        frac = (lambda d: sum(len(v) > 1 for v in d.values()) / len(d))
+        frac = lambda d: sum(len(v) > 1 for v in d.values()) / len(d)
         results[name] = (frac(steps), frac(places), metrics)
     split_verl, scattered_verl, m_verl = results["verl"]
     split_qb, scattered_qb, m_qb = results["qb"]
@@ -740,8 +878,14 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
     tq = transfer_queue
     _clear_partition(tq)
     dp, prompts, mini = 2, 8, 2  # 8 prompts x 4 rollouts, mini-batches of 2 prompts (4 steps), 2 ranks
-    verl_cfg = _verl_cfg([f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-                          f"actor_rollout_ref.rollout.n={GROUP}", "actor_rollout_ref.actor.shuffle=false"])
+    verl_cfg = _verl_cfg(
+        [
+            f"data.train_batch_size={prompts}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+            f"actor_rollout_ref.rollout.n={GROUP}",
+            "actor_rollout_ref.actor.shuffle=false",
+        ]
+    )
     g = torch.Generator().manual_seed(1)
     keys, tags, sign = [], [], {}
     for p in range(prompts):
@@ -753,8 +897,10 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
         keys += k
         tags += [{"seq_len": 10 + n} for n in lens]
     mixed = {}
-    for name, stub in (("verl", {}), ("sign", {"sign_partitioned": True, "batching": "sign_partitioned",
-                                               "advantage_name": "grpo"})):
+    for name, stub in (
+        ("verl", {}),
+        ("sign", {"sign_partitioned": True, "batching": "sign_partitioned", "advantage_name": "grpo"}),
+    ):
         batch = KVBatchMeta(keys=list(keys), tags=[dict(t) for t in tags], partition_id="train")
         metrics: dict = {}
         batch = _trainer_stub(verl_cfg, dp, **stub)._balance_batch(batch, metrics)
@@ -777,13 +923,17 @@ def test_content_order_does_not_depend_on_arrival():
     """Two arrival orders of the same rollouts give the same content order (groups by prompt, rollouts by response)."""
     prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 2]), torch.tensor([3])]
     responses = [torch.tensor([5]), torch.tensor([6]), torch.tensor([7]), torch.tensor([8])]
-    first = [(tuple(prompts[i].tolist()), tuple(responses[i].tolist())) for i in
-             ordering.content_order(prompts, responses)]
+    first = [
+        (tuple(prompts[i].tolist()), tuple(responses[i].tolist())) for i in ordering.content_order(prompts, responses)
+    ]
     perm = [3, 0, 2, 1]
-    second = [(tuple(prompts[perm[i]].tolist()), tuple(responses[perm[i]].tolist())) for i in
-              ordering.content_order([prompts[j] for j in perm], [responses[j] for j in perm])]
-    assert first == second and sorted(first) == sorted(zip(map(lambda t: tuple(t.tolist()), prompts),
-                                                           map(lambda t: tuple(t.tolist()), responses)))
+    second = [
+        (tuple(prompts[perm[i]].tolist()), tuple(responses[perm[i]].tolist()))
+        for i in ordering.content_order([prompts[j] for j in perm], [responses[j] for j in perm])
+    ]
+    assert first == second and sorted(first) == sorted(
+        zip(map(lambda t: tuple(t.tolist()), prompts), map(lambda t: tuple(t.tolist()), responses))
+    )
     assert {first[0][0], first[1][0]} == {first[0][0]}  # a group's rollouts stay together
 
 
@@ -808,19 +958,29 @@ def _put_interleaved_groups(tq, n_groups, step, generator, partition="train"):
     uids = [_next_uid() for _ in range(n_groups)]
     order = [(g, s) for s in range(GROUP) for g in range(n_groups)]  # round robin over the groups
     perm = torch.randperm(len(order), generator=generator).tolist()
-    order = [order[i] for i in perm[: len(order) // 3]] + [order[i] for i in sorted(perm[len(order) // 3:])]
+    order = [order[i] for i in perm[: len(order) // 3]] + [order[i] for i in sorted(perm[len(order) // 3 :])]
     keys, fields, tags = [], [], []
     for g, s in order:
         L = int(torch.randint(5, 60, (1,), generator=generator))
         keys.append(f"{uids[g]}_{s}_0")
-        fields.append({"rm_scores": torch.tensor([0.0] * (L - 1) + [float(s % 2)]), "uid": uids[g],
-                       "prompts": torch.tensor(list(uids[g].encode())), "responses": torch.arange(L) + s,
-                       "response_mask": torch.ones(L, dtype=torch.int64),
-                       "input_ids": torch.arange(10 + L), "row": torch.tensor(len(keys) - 1)})
+        fields.append(
+            {
+                "rm_scores": torch.tensor([0.0] * (L - 1) + [float(s % 2)]),
+                "uid": uids[g],
+                "prompts": torch.tensor(list(uids[g].encode())),
+                "responses": torch.arange(L) + s,
+                "response_mask": torch.ones(L, dtype=torch.int64),
+                "input_ids": torch.arange(10 + L),
+                "row": torch.tensor(len(keys) - 1),
+            }
+        )
         tags.append({"status": "success", "seq_len": 10 + L, "global_steps": step})
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(fields), tags=tags)
-    tq.kv_batch_put(keys=uids, partition_id=partition,
-                    tags=[{"is_prompt": True, "status": "finished", "global_steps": step}] * n_groups)
+    tq.kv_batch_put(
+        keys=uids,
+        partition_id=partition,
+        tags=[{"is_prompt": True, "status": "finished", "global_steps": step}] * n_groups,
+    )
     return keys, tags
 
 
@@ -841,16 +1001,31 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     tq = transfer_queue
     _clear_partition(tq)
     dp, prompts, mini = 2, 16, 4  # 16 prompts x 4 rollouts, mini-batches of 4 prompts (4 steps), 2 ranks
-    cfg = _run_cfg("dfpo", ["trainer.batching=sequential", f"trainer.prompts_per_step={prompts}",
-                            f"trainer.mini_batches={prompts // mini}", f"trainer.group_size={GROUP}"])
+    cfg = _run_cfg(
+        "dfpo",
+        [
+            "trainer.batching=sequential",
+            f"trainer.prompts_per_step={prompts}",
+            f"trainer.mini_batches={prompts // mini}",
+            f"trainer.group_size={GROUP}",
+        ],
+    )
     path = _write_cfg(tmp_path, cfg)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, path)
     budget = GROUP * 70  # tokens per micro-batch (x sp 1): a group (<= 4 x 70) always fits, two rarely do
-    verl_cfg = _verl_cfg([*plugin.plugin_overrides(cfg), f"+creditlab.config_path={path}",
-                          f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-                          f"actor_rollout_ref.rollout.n={GROUP}", "data.max_prompt_length=10",
-                          "data.max_response_length=60", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}"])
+    verl_cfg = _verl_cfg(
+        [
+            *plugin.plugin_overrides(cfg),
+            f"+creditlab.config_path={path}",
+            f"data.train_batch_size={prompts}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+            f"actor_rollout_ref.rollout.n={GROUP}",
+            "data.max_prompt_length=10",
+            "data.max_response_length=60",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+        ]
+    )
     assert verl_cfg.actor_rollout_ref.actor.shuffle is False and verl_cfg.trainer.balance_batch is False
     keys, tags = _put_interleaved_groups(tq, prompts, 1, torch.Generator().manual_seed(3))
     first_seen = list(dict.fromkeys(ordering.uid_of(k) for k in keys))
@@ -860,8 +1035,7 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     t._setup_creditlab()
     assert t.sequential and t.group_coupled and t.group_size == GROUP
     metrics: dict = {}
-    batch = t._balance_batch(KVBatchMeta(keys=list(keys), tags=[dict(x) for x in tags], partition_id="train"),
-                             metrics)
+    batch = t._balance_batch(KVBatchMeta(keys=list(keys), tags=[dict(x) for x in tags], partition_id="train"), metrics)
     assert metrics["creditlab/groups_split_frac"] == 0.0
 
     seen = {}
@@ -873,8 +1047,15 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
                 mini_per_rank = tu.pop(data, key="mini_batch_size") // dp  # TrainingWorker.train_mini_batch
                 loader = tu.pop(data, key="dataloader_kwargs")
                 seen.setdefault("force_group_size", set()).add(tu.get_non_tensor_data(data, "force_group_size", None))
-                for m, mini_td in enumerate(tu.make_iterator(data, mini_per_rank, epochs=tu.pop(data, key="epochs"),
-                                                             seed=tu.pop(data, key="seed"), dataloader_kwargs=loader)):
+                for m, mini_td in enumerate(
+                    tu.make_iterator(
+                        data,
+                        mini_per_rank,
+                        epochs=tu.pop(data, key="epochs"),
+                        seed=tu.pop(data, key="seed"),
+                        dataloader_kwargs=loader,
+                    )
+                ):
                     tu.assign_non_tensor(mini_td, use_dynamic_bsz=True, max_token_len_per_gpu=budget)  # train_batch
                     micro, _ = prepare_micro_batches(mini_td)
                     seen.setdefault(m, []).append((rank, mini_td, micro))
@@ -888,8 +1069,9 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     # the local engine's sequential mini-batches of the group-contiguous batch, in the batch's content order (the
     # trainer orders by content first: trainer.content_order), groups in order of first appearance there
     data = tq.kv_batch_get(keys=list(keys), partition_id="train", select_fields=["prompts", "responses"])
-    by_content = [keys[i] for i in ordering.content_order(list(data["prompts"].unbind()),
-                                                          list(data["responses"].unbind()))]
+    by_content = [
+        keys[i] for i in ordering.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
+    ]
     seen_first = list(dict.fromkeys(ordering.uid_of(k) for k in by_content))
     contiguous = sorted(by_content, key=lambda k: seen_first.index(ordering.uid_of(k)))  # stable
     gids = plugin.group_index([ordering.uid_of(k) for k in contiguous])
@@ -934,8 +1116,9 @@ def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tm
     cfg = _run_cfg("dlogp", ["method.token_filter=[{name: forking, top_frac: 0.5}]"])
     path = _write_cfg(tmp_path, cfg)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, path)
-    verl_cfg = _verl_cfg([*plugin.plugin_overrides(cfg), f"+creditlab.config_path={path}",
-                          f"actor_rollout_ref.rollout.n={GROUP}"])
+    verl_cfg = _verl_cfg(
+        [*plugin.plugin_overrides(cfg), f"+creditlab.config_path={path}", f"actor_rollout_ref.rollout.n={GROUP}"]
+    )
     g = torch.Generator().manual_seed(1)
     keys, olds = [], []
     for rewards in ([1, 0, 0, 1], [0, 0, 0, 1]):
@@ -944,8 +1127,14 @@ def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tm
     data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["response_mask"])
     lens = data["response_mask"].offsets().diff().tolist()
     olds = [-torch.rand(n, generator=g) * 2 for n in lens]
-    tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict(
-        {"old_log_probs": _nt(olds), "entropy": _nt(torch.rand(n, generator=g) for n in lens)}, batch_size=[len(keys)]))
+    tq.kv_batch_put(
+        keys=keys,
+        partition_id="train",
+        fields=TensorDict(
+            {"old_log_probs": _nt(olds), "entropy": _nt(torch.rand(n, generator=g) for n in lens)},
+            batch_size=[len(keys)],
+        ),
+    )
     t = _trainer_stub(verl_cfg, 1, run_cfg=cfg, use_reference_policy=False)
     t._setup_creditlab()
     metrics: dict = {}
@@ -973,13 +1162,24 @@ def cpu_engine(monkeypatch):
     """verl's real FSDPEngineWithLMHead around a tiny Qwen3 on CPU (no FSDP wrapping, no process group)."""
     import verl.utils.torch_functional as verl_F
     import verl.workers.engine.fsdp.transformer_impl as impl
-    from creditlab.models.tiny import build_model
     from verl.workers.config import FSDPEngineConfig
+
+    from creditlab.models.tiny import build_model
 
     monkeypatch.setattr(impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform
     monkeypatch.setattr(impl, "get_device_name", lambda: "cpu")
-    arch = dict(family="qwen3", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                head_dim=16, intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=True, rope_theta=1e4)
+    arch = dict(
+        family="qwen3",
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        rope_theta=1e4,
+    )
     eng = object.__new__(impl.FSDPEngineWithLMHead)
     eng.module = build_model(arch, 40, 0, 1, 2).eval()
     eng.use_ulysses_sp, eng.ulysses_device_mesh, eng.pad_to_length = False, None, False
@@ -1002,10 +1202,17 @@ def test_hidden_capture_through_verls_engine_forward(cpu_engine, remove_padding)
     prompts = [torch.randint(3, 40, (p,), generator=g) for p in P]
     resps = [torch.randint(3, 40, (r,), generator=g) for r in R]
     ids = [torch.cat([a, b]) for a, b in zip(prompts, resps)]
-    mb = TensorDict({"input_ids": _nt(ids), "position_ids": _nt(torch.arange(len(x)) for x in ids),
-                     "prompts": _nt(prompts),
-                     "responses": _nt(resps), "response_mask": _nt(torch.ones(r, dtype=torch.int64) for r in R),
-                     "temperature": torch.ones(3)}, batch_size=[3])
+    mb = TensorDict(
+        {
+            "input_ids": _nt(ids),
+            "position_ids": _nt(torch.arange(len(x)) for x in ids),
+            "prompts": _nt(prompts),
+            "responses": _nt(resps),
+            "response_mask": _nt(torch.ones(r, dtype=torch.int64) for r in R),
+            "temperature": torch.ones(3),
+        },
+        batch_size=[3],
+    )
     tu.assign_non_tensor(mb, use_remove_padding=remove_padding, calculate_entropy=True)
     with vworkers.capture_final_hidden(cpu_engine):
         _, out = cpu_engine.forward_step(mb, loss_function=None, forward_only=True)
@@ -1020,7 +1227,7 @@ def test_hidden_capture_through_verls_engine_forward(cpu_engine, remove_padding)
         if not remove_padding:  # packed sequences on CPU attend across rows (no varlen kernel): compare padded only
             with torch.no_grad():
                 states = cpu_engine.module(ids[i][None], output_hidden_states=True).hidden_states
-                ref = states[-1][0, P[i] - 1:P[i] + R[i] - 1]
+                ref = states[-1][0, P[i] - 1 : P[i] + R[i] - 1]
             assert (h[i] - ref).abs().max() < 1e-5
     # verl's micro-batch reassembly (dynamic batch sizes: outputs come back reordered) keeps hidden aligned
     half = [{"model_output": {k: _nt(v.unbind()[j] for j in idx) for k, v in mo.items()}} for idx in ([2, 0], [1])]
@@ -1042,6 +1249,7 @@ def _thread_all_reduce(n_ranks):
             total = sum(slots[r] for r in range(n_ranks))
             barrier.wait()
             return total
+
         return reduce
 
     return make
@@ -1064,9 +1272,18 @@ def test_worker_credit_on_dp_shards_equals_the_global_batch():
 
         def run(rank, idx):
             out[rank] = vworkers.worker_credit(
-                spec, responses=b.responses[idx], mask=b.mask[idx], old_logp=b.old[idx], advantages=b.adv[idx],
-                uids=[uids[i] for i in idx], entropy=None, hidden=b.hidden[idx], base_hidden=base_hidden[idx],
-                reduce=make(rank), rank=rank)
+                spec,
+                responses=b.responses[idx],
+                mask=b.mask[idx],
+                old_logp=b.old[idx],
+                advantages=b.adv[idx],
+                uids=[uids[i] for i in idx],
+                entropy=None,
+                hidden=b.hidden[idx],
+                base_hidden=base_hidden[idx],
+                reduce=make(rank),
+                rank=rank,
+            )
 
         threads = [threading.Thread(target=run, args=(r, idx)) for r, idx in enumerate(shards)]
         for th in threads:
@@ -1110,13 +1327,21 @@ def test_flipping_pass_reads_the_post_update_log_probs(transfer_queue):
 
     class _ActorGroup:  # stands in for verl's worker group: its compute_log_prob writes log_probs to TQ
         def compute_log_prob(self, meta):
-            tq.kv_batch_put(keys=meta.keys, partition_id=meta.partition_id,
-                            fields=TensorDict({"log_probs": _nt(full)}, batch_size=[4]))
+            tq.kv_batch_put(
+                keys=meta.keys,
+                partition_id=meta.partition_id,
+                fields=TensorDict({"log_probs": _nt(full)}, batch_size=[4]),
+            )
             return meta
 
-    tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict(
-        {"old_log_probs": _nt(old.unbind()), "advantages": _nt((adv[:, None] * torch.ones(4, 4)).unbind())},
-        batch_size=[4]))
+    tq.kv_batch_put(
+        keys=keys,
+        partition_id="train",
+        fields=TensorDict(
+            {"old_log_probs": _nt(old.unbind()), "advantages": _nt((adv[:, None] * torch.ones(4, 4)).unbind())},
+            batch_size=[4],
+        ),
+    )
     t = _trainer_stub(_verl_cfg([]), 1)
     t.actor_rollout_wg = _ActorGroup()
     m = t._flipping_pass(KVBatchMeta(keys=keys, tags=[{}] * 4, partition_id="train"), eps=0.05)
@@ -1159,8 +1384,9 @@ def test_credit_pass_end_to_end_with_a_lora_adapter(cpu_engine):
     computed from the model directly; hidden states do not leave the pass."""
     from contextlib import nullcontext
 
-    from creditlab.engines.local.lora import wrap_lora
     from verl.workers.utils.padding import response_from_nested
+
+    from creditlab.engines.local.lora import wrap_lora
 
     lcfg = {"enable": True, "rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
     peft_model = wrap_lora(cpu_engine.module, lcfg, seed=0)
@@ -1185,15 +1411,27 @@ def test_credit_pass_end_to_end_with_a_lora_adapter(cpu_engine):
     prompts = [torch.randint(3, 40, (p,), generator=g) for p in P]
     resps = [torch.randint(3, 40, (r,), generator=g) for r in R]
     ids = [torch.cat([a, b]) for a, b in zip(prompts, resps)]
-    data = TensorDict({"input_ids": _nt(ids), "position_ids": _nt(torch.arange(len(x)) for x in ids),
-                       "prompts": _nt(prompts),
-                       "responses": _nt(resps), "response_mask": _nt(torch.ones(r, dtype=torch.int64) for r in R),
-                       "temperature": torch.ones(4), vworkers.SEQ_ADV: torch.tensor([1.0, -1.0, 0.5, -0.5])},
-                      batch_size=[4])
+    data = TensorDict(
+        {
+            "input_ids": _nt(ids),
+            "position_ids": _nt(torch.arange(len(x)) for x in ids),
+            "prompts": _nt(prompts),
+            "responses": _nt(resps),
+            "response_mask": _nt(torch.ones(r, dtype=torch.int64) for r in R),
+            "temperature": torch.ones(4),
+            vworkers.SEQ_ADV: torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        },
+        batch_size=[4],
+    )
     data["uid"] = tu.get_tensordict({"uid": ["a", "a", "b", "b"]})["uid"]
     tu.assign_non_tensor(data, use_remove_padding=False, calculate_entropy=True)
-    spec = {"credit": [{"name": "arca", "scale": "mean1", "eps": 1e-6}], "token_filter": [], "seed": 0, "step": 1,
-            "fused_ref": True}
+    spec = {
+        "credit": [{"name": "arca", "scale": "mean1", "eps": 1e-6}],
+        "token_filter": [],
+        "seed": 0,
+        "step": 1,
+        "fused_ref": True,
+    }
     out = vworkers.credit_pass(SimpleNamespace(actor=_TrainingWorker()), data, spec)
     assert "hidden" not in out.keys()
     with torch.no_grad():
@@ -1204,10 +1442,10 @@ def test_credit_pass_end_to_end_with_a_lora_adapter(cpu_engine):
     h_on, h_off, ref = torch.zeros(4, T, 32), torch.zeros(4, T, 32), torch.zeros(4, T)
     for i in range(4):
         sl = slice(P[i] - 1, P[i] + R[i] - 1)
-        h_on[i, :R[i]], h_off[i, :R[i]] = on[i].hidden_states[-1][0, sl], off[i].hidden_states[-1][0, sl]
-        ref[i, :R[i]] = torch.log_softmax(off[i].logits[0, sl], -1).gather(-1, resps[i][:, None]).squeeze(-1)
+        h_on[i, : R[i]], h_off[i, : R[i]] = on[i].hidden_states[-1][0, sl], off[i].hidden_states[-1][0, sl]
+        ref[i, : R[i]] = torch.log_softmax(off[i].logits[0, sl], -1).gather(-1, resps[i][:, None]).squeeze(-1)
     mask = (torch.arange(T)[None] < torch.tensor(R)[:, None]).float()
-    pad = (lambda nt: torch.nested.to_padded_tensor(nt, 0.0))
+    pad = lambda nt: torch.nested.to_padded_tensor(nt, 0.0)
     assert (pad(out[vworkers.OUT_WEIGHTS]) - arca_weights(h_on, h_off, mask)).abs().max() < 1e-4
     assert (pad(out[vworkers.OUT_RESIDUAL]) - (h_on - h_off).norm(dim=-1) * mask).abs().max() < 1e-5
     assert pad(out[vworkers.OUT_RESIDUAL]).max() > 0.01
@@ -1218,8 +1456,15 @@ def test_metrics_line_gives_tables_the_local_engines_names():
     """A verl step's metrics.jsonl line: step 0-based, verl's names kept, creditlab's names beside them (the mapped
     verl metrics and the plug-in's ``creditlab/<k>`` as ``<k>``, e.g. ARCA's ``weight_gini`` read by the
     concentration table); non-numeric values dropped."""
-    line = vtrainer.metrics_line(2, {"critic/rewards/mean": 0.5, "creditlab/weight_gini": 0.25,
-                                     "creditlab/flip/all/boosted": 0.1, "training/note": "text"})
+    line = vtrainer.metrics_line(
+        2,
+        {
+            "critic/rewards/mean": 0.5,
+            "creditlab/weight_gini": 0.25,
+            "creditlab/flip/all/boosted": 0.1,
+            "training/note": "text",
+        },
+    )
     assert line["step"] == 1 and line["global_step"] == 2
     assert line["reward_mean"] == line["critic/rewards/mean"] == 0.5
     assert line["weight_gini"] == line["creditlab/weight_gini"] == 0.25 and line["flip/all/boosted"] == 0.1

@@ -62,21 +62,39 @@ def smoke(tmp_path_factory):
     results = tmp_path_factory.mktemp("smoke") / "results"
     done = lambda backbone, run: str(paths.fmt(paths.RUN_DONE, **_fill(results, backbone, run)))  # noqa: E731
     ledger = lambda paper: str(paths.fmt(paths.LEDGER_MD, results=results, scale="smoke", paper=paper))  # noqa: E731
-    targets = [str(results / "smoke" / "tables" / "dfpo" / "compute.csv"),
-               str(paths.fmt(paths.EVAL_METRICS, **_fill(results, *DELTA))),
-               ledger("dlogp"), ledger("cancellation"),
-               str(paths.fmt(paths.DIAG_PNG, **_fill(results, SMALL, "dapo"))),
-               *[str(paths.fmt(paths.ANALYSIS_JSON, results=results, scale="smoke", paper="cancellation", analysis=a))
-                 for a in ANALYSES],
-               *[done(SMALL, run) for run in ("arca-r4", "qb-rb")],
-               *[done(DELTA[0], run) for run in DELTA_PATHS]]
+    targets = [
+        str(results / "smoke" / "tables" / "dfpo" / "compute.csv"),
+        str(paths.fmt(paths.EVAL_METRICS, **_fill(results, *DELTA))),
+        ledger("dlogp"),
+        ledger("cancellation"),
+        str(paths.fmt(paths.DIAG_PNG, **_fill(results, SMALL, "dapo"))),
+        *[
+            str(paths.fmt(paths.ANALYSIS_JSON, results=results, scale="smoke", paper="cancellation", analysis=a))
+            for a in ANALYSES
+        ],
+        *[done(SMALL, run) for run in ("arca-r4", "qb-rb")],
+        *[done(DELTA[0], run) for run in DELTA_PATHS],
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *targets, "--config", "scale=smoke",
-           f"results={results}", f"tables=[{','.join(TABLES)}]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "2",
+        *targets,
+        "--config",
+        "scale=smoke",
+        f"results={results}",
+        f"tables=[{','.join(TABLES)}]",
+    ]
     proc = subprocess.run(["timeout", "-k", "30", "4500", *cmd], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        logs = sorted((results / "smoke" / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime) \
-            if (results / "smoke" / "logs").is_dir() else []
+        logs = (
+            sorted((results / "smoke" / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)
+            if (results / "smoke" / "logs").is_dir()
+            else []
+        )
         tails = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in logs[-3:])
         pytest.fail(f"smoke DAG exited {proc.returncode}\n{proc.stderr[-4000:]}\n{tails}")
     return results
@@ -128,8 +146,13 @@ def test_delta_with_ulysses_sp2_matches_an_sp1_forward(smoke):
     """DelTA on the Qwen3-8B-Base stand-in with Ulysses sp=2 (its cluster setting): the credit from the hidden states
     verl gathered over the sp group equals the credit from a plain sp=1 forward of the same batch (1e-5), on
     non-trivial hidden states, and the weights are not uniform after the first step's rewards."""
-    cfg = json.loads(json.dumps(__import__("yaml").safe_load(
-        (paths.fmt(paths.RUN_DIR, **_fill(smoke, *DELTA[:2])) / "config.yaml").read_text())))
+    cfg = json.loads(
+        json.dumps(
+            __import__("yaml").safe_load(
+                (paths.fmt(paths.RUN_DIR, **_fill(smoke, *DELTA[:2])) / "config.yaml").read_text()
+            )
+        )
+    )
     assert cfg["model"]["verl"]["ulysses_sp"] == 2 and cfg["verl"]["sp_check"] is True
     m = _metrics(smoke, *DELTA[:2])
     assert [x["step"] for x in m] == [0, 1]
@@ -172,8 +195,24 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_same_metrics(smo
         shutil.copytree(smoke / part, results / part)
     shutil.copy(smoke / "mlflow.db", results / "mlflow.db")
     fill = _fill(results, backbone, run)
-    cmd = [sys.executable, "-m", "creditlab", "--results", str(results), "--scale", "smoke", "--papers", "all",
-           "train", "--backbone", backbone, "--run", run, "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "creditlab",
+        "--results",
+        str(results),
+        "--scale",
+        "smoke",
+        "--papers",
+        "all",
+        "train",
+        "--backbone",
+        backbone,
+        "--run",
+        run,
+        "--seed",
+        "0",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     latest = paths.fmt(paths.CKPT_DIR, **fill) / "latest_checkpointed_iteration.txt"
     log = tmp_path / "first.log"
@@ -187,8 +226,11 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_to_the_same_metrics(smo
                 pytest.fail("no checkpoint of step 1 within 600 s")
             time.sleep(0.5)
     finally:
-        tree = [first.pid] + [p.pid for p in psutil.Process(first.pid).children(recursive=True)] \
-            if first.poll() is None else [first.pid]
+        tree = (
+            [first.pid] + [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
+            if first.poll() is None
+            else [first.pid]
+        )
         for pid in tree:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -211,15 +253,18 @@ def test_arca_lora_reference_pass_runs_inside_the_worker(smoke):
     """ARCA (Paper D) with a LoRA adapter: the adapter-disabled reference pass runs in the workers' old-log-prob call
     (no separate reference worker group: ARCA's residual and the reference KL are logged from it), the LoRA update
     reaches the CPU rollout (merged weights), and before any update the two passes agree exactly (B = 0)."""
-    cfg = __import__("yaml").safe_load((paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4")) / "config.yaml")
-                                       .read_text())
+    cfg = __import__("yaml").safe_load(
+        (paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4")) / "config.yaml").read_text()
+    )
     assert cfg["trainer"]["lora"]["enable"] and cfg["trainer"]["lora"]["rank"] == 4
     m = _metrics(smoke, SMALL, "arca-r4")
     assert [x["step"] for x in m] == [0, 1]
     assert all("creditlab/arca_residual_max" in x and "creditlab/ref_kl" in x for x in m)
     assert m[0]["creditlab/arca_residual_max"] == 0.0 and m[0]["creditlab/ref_kl"] == 0.0
-    assert m[0]["actor/grad_norm"] > 0 and m[1]["creditlab/rollout_weights_checksum"] != \
-        m[0]["creditlab/rollout_weights_checksum"]
+    assert (
+        m[0]["actor/grad_norm"] > 0
+        and m[1]["creditlab/rollout_weights_checksum"] != m[0]["creditlab/rollout_weights_checksum"]
+    )
 
 
 def test_arca_residual_grows_after_the_first_lora_update(smoke):
@@ -228,8 +273,9 @@ def test_arca_residual_grows_after_the_first_lora_update(smoke):
     the adapted one (residual and reference KL no longer 0; at step 1, B = 0, they agree exactly). Measured: residual
     max 0.06-0.07, ref_kl ~5e-4 in magnitude (bf16 forwards, verl's mixed precision: mostly rounding of a true fp32
     residual ~0.002 at |B| ~ 1e-5)."""
-    cfg = __import__("yaml").safe_load((paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4")) / "config.yaml")
-                                       .read_text())
+    cfg = __import__("yaml").safe_load(
+        (paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4")) / "config.yaml").read_text()
+    )
     assert cfg["trainer"]["lr"] > 0 and cfg["trainer"]["lr_warmup_steps"] == 0  # step 1's update is not a no-op
     m = _metrics(smoke, SMALL, "arca-r4")
     assert m[0]["actor/grad_norm"] > 0 and m[1]["creditlab/arca_residual_max"] > 0.0
@@ -296,7 +342,8 @@ def test_dlogp_ablation_table_and_ledger_through_verl_and_vllm(smoke):
 
 
 def test_broken_cancellation_table_on_verl(smoke):
-    """The cancellation paper's broken-cancellation table (engine order, QB, sign-partitioned) trained by verl: QB splits
+    """The cancellation paper's broken-cancellation table (engine order, QB, sign-partitioned) trained by verl: QB
+    splits
     no group across optimizer steps; the sign-partitioned order leaves at most one optimizer step with both signs
     (verl cuts equal mini-batches); the table's cells come from each run's vLLM evaluation; the ledger reads them."""
     for run in BROKEN:
@@ -334,8 +381,9 @@ def test_token_filters_restrict_the_loss_on_verl(smoke):
 def test_table1_losses_train_in_verls_loop(smoke, run, loss):
     """SAPO and FIPO (DelTA's Table 1 baselines) train with creditlab's loss registered in verl (loss_mode
     creditlab_<loss>): both steps logged with a finite policy loss, an update with a gradient, weights synced."""
-    cfg = __import__("yaml").safe_load((paths.fmt(paths.RUN_DIR, **_fill(smoke, DELTA[0], run)) / "config.yaml")
-                                       .read_text())
+    cfg = __import__("yaml").safe_load(
+        (paths.fmt(paths.RUN_DIR, **_fill(smoke, DELTA[0], run)) / "config.yaml").read_text()
+    )
     assert cfg["method"]["policy_loss"] == loss
     m = _metrics(smoke, DELTA[0], run)
     assert [x["step"] for x in m] == [0, 1]
@@ -356,8 +404,9 @@ def test_token_diagnostics_of_a_verl_run_at_paper_scale(smoke):
 def test_cancellation_analyses_run_on_hub_models(smoke, name):
     """Paper C's token-flipping analysis at paper scale on the stand-in: from the base snapshot, and from the verl run's
     last checkpoint (fp32 weights and AdamW moments gathered from verl's FSDP shards, recorded in the provenance)."""
-    out = json.loads(paths.fmt(paths.ANALYSIS_JSON, results=smoke, scale="smoke", paper="cancellation",
-                               analysis=name).read_text())
+    out = json.loads(
+        paths.fmt(paths.ANALYSIS_JSON, results=smoke, scale="smoke", paper="cancellation", analysis=name).read_text()
+    )
     prov = out["provenance"]
     assert prov["scale"] == "smoke" and prov["run_key"] == f"smoke/{SMALL}/dapo/s0"
     if name == "flipping_trained":

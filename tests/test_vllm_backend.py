@@ -29,9 +29,9 @@ from creditlab.data.synthetic import generate_split  # noqa: E402
 from creditlab.data.tokenizer import build_tokenizer  # noqa: E402
 from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
 from creditlab.engines.local.lora import merged_copy, save_adapter, wrap_lora  # noqa: E402
-from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
+from creditlab.lm.sampler import generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
 TOL = 1e-4
@@ -231,10 +231,13 @@ EXTRAP = {  # name: (options, decoding, window, RL model: "rl" engine or the bas
     "greedy": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(greedy=True), 3, "rl"),
     # sampled cases with a window of 3 < 8 prompts: finished rows are refilled, so a wrong (prompt, step) lookup of
     # the seeded uniforms after a refill changes the tokens
-    "sampled": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(temperature=1.0, top_p=0.7, seed=3), 3,
-                "rl"),
-    "rl_decodes_topk": (dict(criterion="dlogp", threshold=0.5, gamma=1.0, decode_with="rl", top_k_support=4),
-                        dict(temperature=1.0, top_p=0.9, seed=4), 3, "rl"),
+    "sampled": (dict(criterion="dlogp", threshold=-1.0, gamma=0.1), dict(temperature=1.0, top_p=0.7, seed=3), 3, "rl"),
+    "rl_decodes_topk": (
+        dict(criterion="dlogp", threshold=0.5, gamma=1.0, decode_with="rl", top_k_support=4),
+        dict(temperature=1.0, top_p=0.9, seed=4),
+        3,
+        "rl",
+    ),
     "kl_replace": (dict(criterion="kl", threshold=0.2, gamma=0.0), dict(greedy=True), None, "rl"),
     "lora_rl": (dict(criterion="dlogp", threshold=-1.0, gamma=0.5), dict(greedy=True), None, "lora"),
 }
@@ -278,8 +281,9 @@ def test_evaluate_model_through_the_worker(world, tmp_path: Path) -> None:
     kw = dict(k=3, ks=[1, 3], max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.7, template="tiny", seed=2,
               batch_size=None, progress=False)  # fmt: skip
     plain_fn = client.worker_generate_fn(w, {"engine": "rl", "lora": None})
-    sel_fn = client.worker_generate_fn(w, {"base": "base", "rl": "rl", "rl_lora": None,
-                                           "options": dict(criterion="dlogp", threshold=-1.0, gamma=0.1)})
+    sel_fn = client.worker_generate_fn(
+        w, {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(criterion="dlogp", threshold=-1.0, gamma=0.1)}
+    )
     with RewardScorer("math_verify", timeout_s=5.0) as scorer:
         res = evaluate_model(None, tok, suites, generate_fn=plain_fn, scorer=scorer, out_dir=tmp_path / "v", **kw)
         local = evaluate_model(world["rl"], tok, suites, scorer=scorer, out_dir=tmp_path / "l", **kw)
@@ -338,8 +342,11 @@ def test_eval_engines_and_missing_environment(tmp_path: Path, monkeypatch) -> No
     assert engines["model"] == {"dtype": "float32", "model": str(base), "enable_lora": True, "max_lora_rank": 4}
     assert dec["lora"] == str(run / "adapter")
     engines, dec = client.eval_engines(e, base_dir=base, run_dir=run, decode=decode)
-    assert list(engines) == ["base"] and (dec["base"], dec["rl"], dec["rl_lora"]) == ("base", "base",
-                                                                                        str(run / "adapter"))
+    assert list(engines) == ["base"] and (dec["base"], dec["rl"], dec["rl_lora"]) == (
+        "base",
+        "base",
+        str(run / "adapter"),
+    )
     monkeypatch.setenv(client.PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
     with pytest.raises(FileNotFoundError, match="make vllm-env"):
         client.vllm_python()

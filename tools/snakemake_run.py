@@ -92,11 +92,19 @@ def main(argv: list[str]) -> int:
             print(f"{LOCK_DIR}/ holds a lock; processes cannot be listed here: left alone", file=sys.stderr)
         elif holders:
             shown = "; ".join(f"pid {pid}: {cmd[:120]}" for pid, cmd in holders[:3])
-            print(f"{LOCK_DIR}/ holds a lock and {len(holders)} process(es) of a run still work in {here} "
-                  f"({shown}): lock kept; wait for them or stop them, then re-run", file=sys.stderr, flush=True)
+            print(
+                f"{LOCK_DIR}/ holds a lock and {len(holders)} process(es) of a run still work in {here} "
+                f"({shown}): lock kept; wait for them or stop them, then re-run",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
-            print(f"{LOCK_DIR}/ holds a lock but nothing of a run works in {here} (a killed Snakemake's): "
-                  "snakemake --unlock", file=sys.stderr, flush=True)
+            print(
+                f"{LOCK_DIR}/ holds a lock but nothing of a run works in {here} (a killed Snakemake's): "
+                "snakemake --unlock",
+                file=sys.stderr,
+                flush=True,
+            )
             subprocess.run([snakemake, *args, "--unlock"], check=True)
     os.execv(snakemake, [snakemake, *args])
     return 0  # not reached

@@ -30,7 +30,7 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
     if getattr(a, "seeds", None):
         cfg["seeds"] = [int(s) for s in a.seeds.split(",")]
     elif getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed,
-        cfg["seeds"] = [a.seed]                  # not even in a paper's own seeds)
+        cfg["seeds"] = [a.seed]  # not even in a paper's own seeds)
         cfg["ignore_paper_seeds"] = True
     if getattr(a, "tables", None):
         cfg["tables"] = a.tables.split(",")
@@ -173,14 +173,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results", help="output root (default: results)")
     p.add_argument("--pipeline-config", default=str(CONFIG_DIR / "pipeline.yaml"))
     p.add_argument("--scale", default=None, help="tiny | micro | paper (default: the pipeline config's)")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the pipeline config's); a paper "
-                                                  "with its own `seeds` at the scale keeps them")
-    p.add_argument("--papers", default=None,
-                   help="comma-separated papers, or `all` (every configs/papers/*.yaml; what Snakemake jobs use, so "
-                        "that choosing papers re-runs nothing); default: the pipeline config's")
-    p.add_argument("--tables", default=None,
-                   help="comma-separated paper/table names: only those are built (a ledger tests their claims only); "
-                        "default: the pipeline config's `tables` (null: all)")
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds (default: the pipeline config's); a paper "
+        "with its own `seeds` at the scale keeps them",
+    )
+    p.add_argument(
+        "--papers",
+        default=None,
+        help="comma-separated papers, or `all` (every configs/papers/*.yaml; what Snakemake jobs use, so "
+        "that choosing papers re-runs nothing); default: the pipeline config's",
+    )
+    p.add_argument(
+        "--tables",
+        default=None,
+        help="comma-separated paper/table names: only those are built (a ledger tests their claims only); "
+        "default: the pipeline config's `tables` (null: all)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = p.add_subparsers(dest="verb", required=True)
 
@@ -191,9 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("prepare", help=cmd_prepare.__doc__)
     sp.add_argument("--backbone", default="tiny-s", help="any backbone (data do not depend on it)")
-    sp.add_argument("--download-only", action="store_true",
-                    help="scale paper: only fetch the hub datasets into $CREDITLAB_HUB_RAW (default "
-                         "results/paper/raw), e.g. on a login node with network; prepare nothing")
+    sp.add_argument(
+        "--download-only",
+        action="store_true",
+        help="scale paper: only fetch the hub datasets into $CREDITLAB_HUB_RAW (default "
+        "results/paper/raw), e.g. on a login node with network; prepare nothing",
+    )
     sp.set_defaults(fn=cmd_prepare)
     sub.add_parser("init-tracking", help=cmd_init_tracking.__doc__).set_defaults(fn=cmd_init_tracking)
     sp = sub.add_parser("warmup", help=cmd_warmup.__doc__)
@@ -215,8 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_ledger)
     sp = sub.add_parser("diagnose", help=cmd_diagnose.__doc__)
     run_args(sp)
-    sp.add_argument("--suites", default=None, help="comma-separated suites whose prompts are used (default: "
-                                                   "easy,medium,hard; paper/smoke: the suites of the run's evaluation)")
+    sp.add_argument(
+        "--suites",
+        default=None,
+        help="comma-separated suites whose prompts are used (default: "
+        "easy,medium,hard; paper/smoke: the suites of the run's evaluation)",
+    )
     sp.set_defaults(fn=cmd_diagnose)
     sp = sub.add_parser("figure", help=cmd_figure.__doc__)
     sp.add_argument("--paper", required=True)

@@ -34,12 +34,19 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The repository's ``configs/`` (``run.yaml``, the config groups, ``papers/``, ``pipeline.yaml``)."""
 
 
-def run_args(scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int,
-             config_dir: Path = CONFIG_DIR) -> list[str]:
+def run_args(
+    scale: str, backbone: str, method: str, overrides: Iterable[str], seed: int, config_dir: Path = CONFIG_DIR
+) -> list[str]:
     """The Hydra overrides of configs/run.yaml that make a run's config: scale, model, method, seed, its overrides,
     and at a scale whose config has a ``shrink`` list (smoke) that list last (after the papers' own settings)."""
-    return [f"scale={scale}", f"model={backbone}", f"method={method}", f"seed={seed}", *overrides,
-            *_shrink(scale, str(config_dir))]
+    return [
+        f"scale={scale}",
+        f"model={backbone}",
+        f"method={method}",
+        f"seed={seed}",
+        *overrides,
+        *_shrink(scale, str(config_dir)),
+    ]
 
 
 @lru_cache(maxsize=None)
@@ -69,8 +76,9 @@ class CachedComposer:
         self._repo = GlobalHydra.instance().config_loader().repository
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         assert self._context is not None
         self._context.__exit__(exc_type, exc, tb)
         self._context = self._repo = None

@@ -19,20 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
-
-from functools import lru_cache
 
 import yaml
 from omegaconf import OmegaConf
 
 from creditlab.analysis import KINDS, analyze_params
 from creditlab.config_compose import CONFIG_DIR, hydra_value, run_args
-from creditlab.paths import run_key
-from creditlab.scales import smoke_job
 from creditlab.papers.load import Checker, load_paper
 from creditlab.papers.spec import DecodeSpec, PaperSpec
+from creditlab.paths import run_key
+from creditlab.scales import smoke_job
 
 BASE_RUN = "base"
 
@@ -115,8 +114,7 @@ class Plan:
     def analyses(self) -> list[tuple[str, str]]:
         """(paper, analysis) of every post-hoc analysis of the chosen papers, but those refused at this scale
         (`skipped_analyses`)."""
-        return [(p, a) for p, spec in self.papers.items() for a in spec.analyses
-                if (p, a) not in self.skipped_analyses]
+        return [(p, a) for p, spec in self.papers.items() for a in spec.analyses if (p, a) not in self.skipped_analyses]
 
     @property
     def experiments(self) -> list[str]:
@@ -137,8 +135,11 @@ class Plan:
     def table_runs(self, paper: str, table: str) -> list[Run]:
         """The run of every row of a table, all the paper's seeds (a run of several rows repeats)."""
         spec = self.papers[paper]
-        return [self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed)
-                for row in spec.table(table).rows for seed in self.paper_seeds(paper)]
+        return [
+            self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed)
+            for row in spec.table(table).rows
+            for seed in self.paper_seeds(paper)
+        ]
 
     def table_evals(self, paper: str, table: str) -> list[tuple[Run, str | None]]:
         """(run, decoding or None) of every evaluation a table reads, all the paper's seeds.
@@ -149,15 +150,22 @@ class Plan:
         spec = self.papers[paper]
         if not spec.needs_evals(table, self.scale):
             return []
-        return [(self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode)
-                for row in spec.table(table).rows for seed in self.paper_seeds(paper)]
+        return [
+            (self.get(spec.backbone_for(row.backbone, self.scale), row.run, seed), row.decode)
+            for row in spec.table(table).rows
+            for seed in self.paper_seeds(paper)
+        ]
 
     def table_suites(self, paper: str, table: str) -> list[str]:
         """The evaluation suites a table reads at this scale (benchmarks without a stand-in skipped)."""
         spec = self.papers[paper]
-        return list(dict.fromkeys(spec.suite_for(bench, self.scale)
-                                  for col in spec.columns_at(table, self.scale)
-                                  for bench, _ in spec.leaves_at(table, col, self.scale)[0]))
+        return list(
+            dict.fromkeys(
+                spec.suite_for(bench, self.scale)
+                for col in spec.columns_at(table, self.scale)
+                for bench, _ in spec.leaves_at(table, col, self.scale)[0]
+            )
+        )
 
     def eval_suites(self, run: Run, decode: str | None = None) -> list[str]:
         """The suites of every table that reads the evaluation of ``run`` (decoded with ``decode``, None: plain),
@@ -218,7 +226,8 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
         if (prev.method, prev.overrides) != (method, overrides):
             raise PlanError(
                 f"run name {name!r} means two different runs: {prev.method} {list(prev.overrides)} "
-                f"(papers {prev.papers}) vs {method} {list(overrides)} (paper {pname!r}); rename one")
+                f"(papers {prev.papers}) vs {method} {list(overrides)} (paper {pname!r}); rename one"
+            )
         if pname not in prev.papers:
             prev.papers.append(pname)
         if table is not None and f"{pname}/{table}" not in prev.tables:
@@ -240,8 +249,10 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     for pname, spec in papers.items():
         for name, dec in spec.decodes.items():
             if decodes.setdefault(name, dec) != dec:
-                raise PlanError(f"decoding name {name!r} means two different decodings ({decodes[name]} vs {dec} "
-                                f"in paper {pname!r}); rename one")
+                raise PlanError(
+                    f"decoding name {name!r} means two different decodings ({decodes[name]} vs {dec} "
+                    f"in paper {pname!r}); rename one"
+                )
     plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
         check_table_inputs(plan, validate_runs(plan.runs.values(), config_dir))
@@ -288,19 +299,24 @@ def resolve_start(start: str, cfg: dict[str, Any]) -> tuple[str, int | None]:
     if m.group(2) and verl:
         n = n // every * every
     if n < 1:
-        raise StartRefused(f"start {start!r} is step {n} of a run of {steps} steps"
-                           + (f" (verl saves every {every} steps)" if verl else "") + ": no mid-training state")
+        raise StartRefused(
+            f"start {start!r} is step {n} of a run of {steps} steps"
+            + (f" (verl saves every {every} steps)" if verl else "")
+            + ": no mid-training state"
+        )
     if n > steps:
         raise StartRefused(f"start {start!r}: the run trains {steps} steps only")
     if n == steps:
         return "trained", None
     if verl:
         saved = sorted(set(range(every, steps + 1, every)) | {steps})
-        kept = saved[-max(1, int(t.get("keep_checkpoints") or len(saved))):]
+        kept = saved[-max(1, int(t.get("keep_checkpoints") or len(saved))) :]
         if n not in kept:
-            raise StartRefused(f"start {start!r}: verl saves the run every {every} steps and keeps the last "
-                               f"{len(kept)} checkpoints ({kept}): step {n} is gone when the run ends (raise "
-                               f"trainer.keep_checkpoints for the run, or start at one of those steps)")
+            raise StartRefused(
+                f"start {start!r}: verl saves the run every {every} steps and keeps the last "
+                f"{len(kept)} checkpoints ({kept}): step {n} is gone when the run ends (raise "
+                f"trainer.keep_checkpoints for the run, or start at one of those steps)"
+            )
     return "trained", n
 
 
@@ -317,8 +333,9 @@ def check_analyses(plan: Plan, config_dir: Path = CONFIG_DIR) -> dict[tuple[str,
     cfgs = composed_configs({r.key: r for r in wanted.values()}.values(), config_dir)
     skipped: dict[tuple[str, str], str] = {}
     plan.skipped_analyses = skipped  # filled as we go: an analysis reading others' results (fidelity_gains) comes last
-    for (p, a), run in sorted(wanted.items(), key=lambda kv: plan.papers[kv[0][0]].analyses[kv[0][1]].kind
-                              == "fidelity_gains"):
+    for (p, a), run in sorted(
+        wanted.items(), key=lambda kv: plan.papers[kv[0][0]].analyses[kv[0][1]].kind == "fidelity_gains"
+    ):
         an = plan.papers[p].analyses[a]
         try:
             resolve_start(an.start, cfgs[run.key])
@@ -362,8 +379,9 @@ def _method_of(scale: str, backbone: str, method: str, config_dir: Path) -> dict
     return _METHODS[key]
 
 
-def combination_overrides(scale: str, backbone: str, method: str, combine: Iterable[str],
-                          config_dir: Path = CONFIG_DIR) -> tuple[str, ...]:
+def combination_overrides(
+    scale: str, backbone: str, method: str, combine: Iterable[str], config_dir: Path = CONFIG_DIR
+) -> tuple[str, ...]:
     """The Hydra overrides that add the credit functions and token filters of the `combine` method configs to
     `method`'s (lists concatenated in that order; weights multiply, masks multiply: `algos.credit.base.compose_credit`)
     and name the run's method ``<method>+<m1>+...``.
@@ -379,19 +397,26 @@ def combination_overrides(scale: str, backbone: str, method: str, combine: Itera
         other = _method_of(scale, backbone, m, config_dir)
         adds_c, adds_f = list(other.get("credit") or []), list(other.get("token_filter") or [])
         if not adds_c and not adds_f:
-            raise PlanError(f"method {m!r} has no credit function or token filter to add to {method!r}: its mechanism "
-                            f"is its loss/advantage ({other['policy_loss']}/{other['advantage']}); make it the run's "
-                            f"method instead")
+            raise PlanError(
+                f"method {m!r} has no credit function or token filter to add to {method!r}: its mechanism "
+                f"is its loss/advantage ({other['policy_loss']}/{other['advantage']}); make it the run's "
+                f"method instead"
+            )
         if other["policy_loss"] != COMBINABLE_LOSS:
-            raise PlanError(f"method {m!r} is defined with policy loss {other['policy_loss']!r}, not the plain clipped "
-                            f"surrogate {COMBINABLE_LOSS!r}: a run has one policy loss ({method!r}'s "
-                            f"{base['policy_loss']!r}); make {m!r} the run's method instead")
+            raise PlanError(
+                f"method {m!r} is defined with policy loss {other['policy_loss']!r}, not the plain clipped "
+                f"surrogate {COMBINABLE_LOSS!r}: a run has one policy loss ({method!r}'s "
+                f"{base['policy_loss']!r}); make {m!r} the run's method instead"
+            )
         clash = sorted({e["name"] for e in adds_c + adds_f} & {e["name"] for e in credit + filters})
         if clash:
             raise PlanError(f"method {m!r} adds {clash}, which the run already has")
         credit, filters = credit + adds_c, filters + adds_f
-    return (f"method.name={hydra_value('+'.join([method, *combine]))}", f"method.credit={hydra_value(credit)}",
-            f"method.token_filter={hydra_value(filters)}")
+    return (
+        f"method.name={hydra_value('+'.join([method, *combine]))}",
+        f"method.credit={hydra_value(credit)}",
+        f"method.token_filter={hydra_value(filters)}",
+    )
 
 
 def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[str, dict[str, Any]]:
@@ -408,15 +433,18 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
     facts: dict[str, dict[str, Any]] = {}
     with CachedComposer(config_dir, "run") as composer:
         for run in runs:
-            cfg = _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
-                                                   run.seed, config_dir))
+            cfg = _compose_with(
+                composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides, run.seed, config_dir)
+            )
             check_ranges(cfg, run.key)
             if run.method != BASE_RUN:
                 check_registered(cfg, run.key)
                 check_verl_run(cfg, run.key)
             data_suites = (cfg.get("data") or {}).get("suites")
-            facts[run.key] = {"suites": list(data_suites) if data_suites is not None else None,
-                              "eval_k": int((cfg.get("eval") or {}).get("k", 1))}
+            facts[run.key] = {
+                "suites": list(data_suites) if data_suites is not None else None,
+                "eval_k": int((cfg.get("eval") or {}).get("k", 1)),
+            }
     return facts
 
 
@@ -472,21 +500,29 @@ def check_table_inputs(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None
 
     for paper, table in plan.buildable_tables:
         spec = plan.papers[paper]
-        fixed = [(m, int(n.group(1))) for col in spec.columns_at(table, plan.scale)
-                 for _, m in spec.leaves_at(table, col, plan.scale)[0] if (n := re.fullmatch(r"\w+@(\d+)", m))]
+        fixed = [
+            (m, int(n.group(1)))
+            for col in spec.columns_at(table, plan.scale)
+            for _, m in spec.leaves_at(table, col, plan.scale)[0]
+            if (n := re.fullmatch(r"\w+@(\d+)", m))
+        ]
         for run, _ in plan.table_evals(paper, table):
             k = run_facts.get(run.key, {}).get("eval_k")
             for metric, n in fixed:
                 if k is not None and n > k:
-                    raise PlanError(f"paper {paper!r} table {table!r} reads {metric} of run {run.key!r}, whose "
-                                    f"evaluation draws eval.k={k} samples per question (a {metric} needs {n})")
+                    raise PlanError(
+                        f"paper {paper!r} table {table!r} reads {metric} of run {run.key!r}, whose "
+                        f"evaluation draws eval.k={k} samples per question (a {metric} needs {n})"
+                    )
         wanted = plan.table_suites(paper, table)
         for run, _ in plan.table_evals(paper, table):
             have = (run_facts.get(run.key) or {}).get("suites")
             missing = [s for s in wanted if have is not None and s not in have]
             if missing:
-                raise PlanError(f"paper {paper!r} table {table!r} reads suite(s) {missing} at scale {plan.scale!r}, "
-                                f"which run {run.key!r}'s data config does not prepare; valid: {have}")
+                raise PlanError(
+                    f"paper {paper!r} table {table!r} reads suite(s) {missing} at scale {plan.scale!r}, "
+                    f"which run {run.key!r}'s data config does not prepare; valid: {have}"
+                )
 
 
 def _sized(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -511,8 +547,14 @@ def _compose_with(composer, args: list[str]) -> dict[str, Any]:
         raise PlanError(f"cannot compose run config {args}: {e}") from None
 
 
-def compose(scale: str, backbone: str, method: str = "dapo", overrides: tuple[str, ...] | list[str] = (),
-            seed: int = 0, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+def compose(
+    scale: str,
+    backbone: str,
+    method: str = "dapo",
+    overrides: tuple[str, ...] | list[str] = (),
+    seed: int = 0,
+    config_dir: Path = CONFIG_DIR,
+) -> dict[str, Any]:
     """Compose configs/run.yaml with Hydra for (scale, backbone, method) + overrides; resolved dict."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -546,8 +588,13 @@ def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
         cfg["method"] = {"name": BASE_RUN}
     else:
         check_registered(cfg, run.key)
-    cfg["run"] = {"name": run.run, "key": run.key, "experiment": run.experiment,
-                  "papers": list(run.papers), "tables": list(run.tables)}
+    cfg["run"] = {
+        "name": run.run,
+        "key": run.key,
+        "experiment": run.experiment,
+        "papers": list(run.papers),
+        "tables": list(run.tables),
+    }
     return cfg
 
 
@@ -558,9 +605,16 @@ def check_registered(cfg: dict[str, Any], where: str) -> None:
     from creditlab.rewards import registry as rewards
 
     m, t = cfg["method"], cfg["trainer"]
-    wanted = [("advantage", m["advantage"]), ("policy_loss", m["policy_loss"]), ("batching", t["batching"]),
-              ("reward", t["reward"])] + [("credit", c["name"]) for c in m.get("credit") or []] \
+    wanted = (
+        [
+            ("advantage", m["advantage"]),
+            ("policy_loss", m["policy_loss"]),
+            ("batching", t["batching"]),
+            ("reward", t["reward"]),
+        ]
+        + [("credit", c["name"]) for c in m.get("credit") or []]
         + [("token_filter", f["name"]) for f in m.get("token_filter") or []]
+    )
     for kind, name in wanted:
         valid = rewards.names() if kind == "reward" else registry.names(kind)
         if name not in valid:

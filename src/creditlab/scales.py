@@ -39,5 +39,12 @@ def smoke_job(verl_job: dict) -> dict:
     (``rollout_tp`` = ranks: the CPU rollout serves a replica from one process, and its sampling seeds count the
     requests per prompt, which two replicas would each count from 0), no offload."""
     sp = min(int(verl_job["ulysses_sp"]), SMOKE_MAX_SP)
-    return {**verl_job, "nnodes": 1, "n_gpus_per_node": sp, "ulysses_sp": sp, "rollout_tp": sp,
-            "param_offload": False, "optimizer_offload": False}
+    return {
+        **verl_job,
+        "nnodes": 1,
+        "n_gpus_per_node": sp,
+        "ulysses_sp": sp,
+        "rollout_tp": sp,
+        "param_offload": False,
+        "optimizer_offload": False,
+    }

@@ -24,6 +24,8 @@ rule analysis:
         ),
     log:
         log_for("analysis/{paper}/{analysis}"),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=3000,
@@ -31,7 +33,5 @@ rule analysis:
         cli=CLI,
         seeds=paper_seeds,
         spec=analysis_params,
-    conda:
-        ENV
     shell:
         "{params.cli} --seeds {params.seeds} analyze --paper {wildcards.paper} --name {wildcards.analysis} > {log} 2>&1"

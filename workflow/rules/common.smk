@@ -16,10 +16,16 @@ try:
 except (PlanError, ValueError) as err:
     raise WorkflowError(f"invalid pipeline/paper config: {err}")
 if PLAN.skipped_tables:
-    print(f"creditlab: tables with no benchmark stand-in at scale {PLAN.scale!r}, not built: "
-          f"{', '.join(f'{p}/{t}' for p, t in PLAN.skipped_tables)}", file=sys.stderr)
+    print(
+        f"creditlab: tables with no benchmark stand-in at scale {PLAN.scale!r}, not built: "
+        f"{', '.join(f'{p}/{t}' for p, t in PLAN.skipped_tables)}",
+        file=sys.stderr,
+    )
 for (_p, _a), _why in PLAN.skipped_analyses.items():
-    print(f"creditlab: analysis {_p}/{_a} refused at scale {PLAN.scale!r}, not built: {_why}", file=sys.stderr)
+    print(
+        f"creditlab: analysis {_p}/{_a} refused at scale {PLAN.scale!r}, not built: {_why}",
+        file=sys.stderr,
+    )
 
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
@@ -37,7 +43,8 @@ CLI = f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} --pape
 def paper_seeds(wildcards):
     """The seeds of a paper's tables and figures, comma-joined: its own `seeds` at this scale, else the
     pipeline's. A param (re-run trigger) that is a function of the paper: changing one paper's seeds
-    re-runs only that paper's tables and figures; changing the pipeline's, only the papers using them."""
+    re-runs only that paper's tables and figures; changing the pipeline's, only the papers using them.
+    """
     return ",".join(map(str, PLAN.paper_seeds(wildcards.paper)))
 
 
@@ -59,7 +66,8 @@ def _run_cfg(backbone, run, seed):
 @functools.lru_cache(maxsize=None)
 def _train_size(backbone, run, seed):
     """(nodes, GPUs) of one training job: at paper scale the run's `model.verl` (nnodes x n_gpus_per_node, the
-    backbone's size or the run's override, e.g. ARCA's single GPU); at tiny/micro one GPU if the node has one."""
+    backbone's size or the run's override, e.g. ARCA's single GPU); at tiny/micro one GPU if the node has one.
+    """
     if SCALE != "paper":
         return 1, 1
     v = _run_cfg(backbone, run, seed)["model"]["verl"]
@@ -68,7 +76,8 @@ def _train_size(backbone, run, seed):
 
 def train_threads(wildcards):
     """Cores of one training job: at smoke scale verl's ranks on this machine (model.verl sized by
-    creditlab.scales.smoke_job), so that --cores 2 runs one 2-rank job at a time; else 1."""
+    creditlab.scales.smoke_job), so that --cores 2 runs one 2-rank job at a time; else 1.
+    """
     if SCALE != "smoke":
         return 1
     v = _run_cfg(wildcards.backbone, wildcards.run, wildcards.seed)["model"]["verl"]
@@ -86,7 +95,8 @@ def train_gpus(wildcards):
 @functools.lru_cache(maxsize=None)
 def _eval_gpus(backbone, run, seed):
     """GPUs of one evaluation job: at paper scale the run's eval.vllm.extra.tensor_parallel_size (vLLM shards the
-    model over them; configs/scale/paper.yaml sets it to the backbone's rollout_tp); at tiny/micro one."""
+    model over them; configs/scale/paper.yaml sets it to the backbone's rollout_tp); at tiny/micro one.
+    """
     if SCALE != "paper":
         return 1
     extra = _run_cfg(backbone, run, seed)["eval"]["vllm"].get("extra") or {}
@@ -115,8 +125,11 @@ def ledger_papers():
 
 
 def all_ledgers():
-    return [str(paths.fmt(p, results=RESULTS, scale=SCALE, paper=paper))
-            for paper in ledger_papers() for p in (paths.LEDGER_CSV, paths.LEDGER_MD, paths.LEDGER_HTML)]
+    return [
+        str(paths.fmt(p, results=RESULTS, scale=SCALE, paper=paper))
+        for paper in ledger_papers()
+        for p in (paths.LEDGER_CSV, paths.LEDGER_MD, paths.LEDGER_HTML)
+    ]
 
 
 def ledger_inputs(wildcards):
@@ -126,7 +139,17 @@ def ledger_inputs(wildcards):
     for paper, table in PLAN.tables:
         if paper != wildcards.paper:
             continue
-        out["tables"].append(str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=paper, table=table)))
+        out["tables"].append(
+            str(
+                paths.fmt(
+                    paths.TABLE_CSV,
+                    results=RESULTS,
+                    scale=SCALE,
+                    paper=paper,
+                    table=table,
+                )
+            )
+        )
         ins = table_inputs(type("W", (), {"paper": paper, "table": table})())
         out["evals"] += [p for p in ins["evals"] if p not in out["evals"]]
         out["curves"] += [p for p in ins["curves"] if p not in out["curves"]]
@@ -150,8 +173,18 @@ def figure_paths(paper, name):
     fig = spec.figures[name]
     if fig.kind == "token_histograms":
         backbone = spec.backbone_for(fig.backbone, SCALE)
-        return [str(paths.fmt(paths.DIAG_PNG, results=RESULTS, scale=SCALE, backbone=backbone, run=fig.run,
-                              seed=PLAN.paper_seeds(paper)[0]))]
+        return [
+            str(
+                paths.fmt(
+                    paths.DIAG_PNG,
+                    results=RESULTS,
+                    scale=SCALE,
+                    backbone=backbone,
+                    run=fig.run,
+                    seed=PLAN.paper_seeds(paper)[0],
+                )
+            )
+        ]
     fill = dict(results=RESULTS, scale=SCALE, paper=paper, figure=name)
     patterns = [paths.FIGURE_PNG] + ([paths.FIGURE_MD, paths.FIGURE_CSV] if fig.kind == "token_credit" else [])
     return [str(paths.fmt(p, **fill)) for p in patterns]
@@ -161,7 +194,15 @@ def all_analyses():
     out = []
     for paper, name in PLAN.analyses:
         fill = dict(results=RESULTS, scale=SCALE, paper=paper, analysis=name)
-        out += [str(paths.fmt(p, **fill)) for p in (paths.ANALYSIS_JSON, paths.ANALYSIS_MD, paths.ANALYSIS_HTML, paths.ANALYSIS_PNG)]
+        out += [
+            str(paths.fmt(p, **fill))
+            for p in (
+                paths.ANALYSIS_JSON,
+                paths.ANALYSIS_MD,
+                paths.ANALYSIS_HTML,
+                paths.ANALYSIS_PNG,
+            )
+        ]
     return out
 
 
@@ -177,24 +218,51 @@ def analysis_inputs(wildcards):
     fill = dict(results=RESULTS, scale=SCALE, backbone=backbone, run=an.run, seed=seed)
     hub = _run_cfg(backbone, an.run, seed)["model"].get("kind") == "hub"
     model = paths.BASE_DONE if an.start == "base" or (an.start.startswith("trained@") and not hub) else paths.RUN_DONE
-    out = {"data": str(paths.fmt(paths.DATA_DONE, **fill)), "model": str(paths.fmt(model, **fill))}
+    out = {
+        "data": str(paths.fmt(paths.DATA_DONE, **fill)),
+        "model": str(paths.fmt(model, **fill)),
+    }
     if an.kind == "fidelity_gains":
         from creditlab.analysis.plan_checks import analyze_defaults
 
         kw = analyze_defaults("fidelity_gains") | an.kwargs
         planned = set(PLAN.analyses)
-        out["fidelity"] = [str(paths.fmt(paths.ANALYSIS_JSON, results=RESULTS, scale=SCALE, paper=wildcards.paper,
-                                         analysis=n)) for n in kw["fidelity"] if (wildcards.paper, n) in planned]
-        out["table"] = str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=wildcards.paper,
-                                     table=kw["table"]))
+        out["fidelity"] = [
+            str(
+                paths.fmt(
+                    paths.ANALYSIS_JSON,
+                    results=RESULTS,
+                    scale=SCALE,
+                    paper=wildcards.paper,
+                    analysis=n,
+                )
+            )
+            for n in kw["fidelity"]
+            if (wildcards.paper, n) in planned
+        ]
+        out["table"] = str(
+            paths.fmt(
+                paths.TABLE_CSV,
+                results=RESULTS,
+                scale=SCALE,
+                paper=wildcards.paper,
+                table=kw["table"],
+            )
+        )
     return out
 
 
 def analysis_params(wildcards):
     """What defines an analysis (a re-run trigger): kind, run, start, params, caption."""
     an = PLAN.papers[wildcards.paper].analyses[wildcards.analysis]
-    return {"kind": an.kind, "backbone": an.backbone, "run": an.run, "start": an.start, "params": an.kwargs,
-            "caption": an.caption}
+    return {
+        "kind": an.kind,
+        "backbone": an.backbone,
+        "run": an.run,
+        "start": an.start,
+        "params": an.kwargs,
+        "caption": an.caption,
+    }
 
 
 def all_figures():
@@ -215,15 +283,25 @@ for _p, _spec in PLAN.papers.items():
         _KINDS_BY_NAME.setdefault(_name, set()).add("token_credit" if _fig.kind == "token_credit" else "other")
 _clash = sorted(n for n, kinds in _KINDS_BY_NAME.items() if len(kinds) > 1)
 if _clash:
-    raise WorkflowError(f"figure name(s) {_clash} are token_credit figures in one paper and another kind in "
-                        f"another; rename one (figure names share one output pattern)")
+    raise WorkflowError(
+        f"figure name(s) {_clash} are token_credit figures in one paper and another kind in "
+        f"another; rename one (figure names share one output pattern)"
+    )
 TOKEN_CREDIT_FIGURES = _names_regex(n for n, kinds in _KINDS_BY_NAME.items() if "token_credit" in kinds)
 TABLE_FIGURES = f"(?!(?:{TOKEN_CREDIT_FIGURES})\\.png$)[^/]+"  # any name but a token_credit figure's
 
 
 def figure_table(wildcards):
     fig = PLAN.papers[wildcards.paper].figures[wildcards.figure]
-    return str(paths.fmt(paths.TABLE_CSV, results=RESULTS, scale=SCALE, paper=wildcards.paper, table=fig.table))
+    return str(
+        paths.fmt(
+            paths.TABLE_CSV,
+            results=RESULTS,
+            scale=SCALE,
+            paper=wildcards.paper,
+            table=fig.table,
+        )
+    )
 
 
 def figure_params(wildcards):
@@ -237,8 +315,16 @@ def token_credit_run(wildcards):
     DONE marker."""
     spec = PLAN.papers[wildcards.paper]
     fig = spec.figures[wildcards.figure]
-    return str(paths.fmt(paths.RUN_DONE, results=RESULTS, scale=SCALE, backbone=spec.backbone_for(fig.backbone, SCALE),
-                         run=fig.run, seed=PLAN.paper_seeds(wildcards.paper)[0]))
+    return str(
+        paths.fmt(
+            paths.RUN_DONE,
+            results=RESULTS,
+            scale=SCALE,
+            backbone=spec.backbone_for(fig.backbone, SCALE),
+            run=fig.run,
+            seed=PLAN.paper_seeds(wildcards.paper)[0],
+        )
+    )
 
 
 def model_of(wildcards):
@@ -261,11 +347,24 @@ def table_inputs(wildcards):
     training metrics of its trained runs (training curves, step_time columns)."""
     out = {"evals": [], "curves": []}
     for run, decode in PLAN.table_evals(wildcards.paper, wildcards.table):
-        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed, decode=decode)
+        fill = dict(
+            results=RESULTS,
+            scale=SCALE,
+            backbone=run.backbone,
+            run=run.run,
+            seed=run.seed,
+            decode=decode,
+        )
         pattern = paths.EVAL_METRICS if decode is None else paths.DECODE_EVAL_METRICS
         out["evals"].append(str(paths.fmt(pattern, **fill)))
     for run in PLAN.table_runs(wildcards.paper, wildcards.table):
-        fill = dict(results=RESULTS, scale=SCALE, backbone=run.backbone, run=run.run, seed=run.seed)
+        fill = dict(
+            results=RESULTS,
+            scale=SCALE,
+            backbone=run.backbone,
+            run=run.run,
+            seed=run.seed,
+        )
         if run.trains and str(paths.fmt(paths.RUN_METRICS, **fill)) not in out["curves"]:
             out["curves"].append(str(paths.fmt(paths.RUN_METRICS, **fill)))
     return out

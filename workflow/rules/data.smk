@@ -3,10 +3,10 @@ rule init_tracking:
         paths.TRACKING_READY.replace("{results}", RESULTS),
     log:
         log_for("init_tracking"),
-    params:
-        cli=CLI,
     conda:
         ENV
+    params:
+        cli=CLI,
     shell:
         "{params.cli} init-tracking > {log} 2>&1"
 
@@ -16,9 +16,9 @@ rule prepare_data:
         at_scale(paths.DATA_DONE),
     log:
         log_for("prepare_data"),
-    params:
-        cli=CLI,
     conda:
         ENV
+    params:
+        cli=CLI,
     shell:
         "{params.cli} prepare > {log} 2>&1"

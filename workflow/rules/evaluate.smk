@@ -6,14 +6,14 @@ rule evaluate:
         at_scale(paths.EVAL_METRICS),
     log:
         log_for("evaluate/{backbone}/{run}/s{seed}"),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=3000,
         gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
     params:
         cli=CLI,
-    conda:
-        ENV
     shell:
         "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"
 
@@ -26,14 +26,14 @@ rule evaluate_decode:
         at_scale(paths.DECODE_EVAL_METRICS),
     log:
         log_for("evaluate/{backbone}/{run}/s{seed}/decode-{decode}"),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=3000,
         gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
     params:
         cli=CLI,
-    conda:
-        ENV
     shell:
         "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
         "--decode {wildcards.decode} > {log} 2>&1"

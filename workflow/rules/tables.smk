@@ -7,7 +7,11 @@ rule table:
             caption="../report/table.rst",
             category="{paper}",
             subcategory="{table}",
-            labels={"paper": "{paper}", "table": "{table}", "kind": "table (CSV download)"},
+            labels={
+                "paper": "{paper}",
+                "table": "{table}",
+                "kind": "table (CSV download)",
+            },
         ),
         md=at_scale(paths.TABLE_MD),
         html=report(
@@ -26,11 +30,11 @@ rule table:
         ),
     log:
         log_for("table/{paper}/{table}"),
+    conda:
+        ENV
     params:
         cli=CLI,
         seeds=paper_seeds,
-    conda:
-        ENV
     shell:
         "{params.cli} --seeds {params.seeds} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
 
@@ -56,13 +60,13 @@ rule ledger:
         ),
     log:
         log_for("ledger/{paper}"),
+    conda:
+        ENV
     params:
         cli=CLI,
         seeds=paper_seeds,
         claims=ledger_params,
         tables=ledger_tables,
-    conda:
-        ENV
     shell:
         "{params.cli} --seeds {params.seeds} --tables {params.tables} ledger --paper {wildcards.paper} > {log} 2>&1"
 
@@ -78,16 +82,16 @@ rule figure:
             subcategory="figures",
             labels={"paper": "{paper}", "figure": "{figure}"},
         ),
-    wildcard_constraints:
-        figure=TABLE_FIGURES,
     log:
         log_for("figure/{paper}/{figure}"),
+    wildcard_constraints:
+        figure=TABLE_FIGURES,
+    conda:
+        ENV
     params:
         cli=CLI,
         seeds=paper_seeds,
         fig=figure_params,
-    conda:
-        ENV
     shell:
         "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
 
@@ -105,16 +109,16 @@ rule token_credit_figure:
         ),
         md=at_scale(paths.FIGURE_MD),
         csv=at_scale(paths.FIGURE_CSV),
-    wildcard_constraints:
-        figure=TOKEN_CREDIT_FIGURES,
     log:
         log_for("figure/{paper}/{figure}"),
+    wildcard_constraints:
+        figure=TOKEN_CREDIT_FIGURES,
+    conda:
+        ENV
     params:
         cli=CLI,
         seeds=paper_seeds,
         fig=figure_params,
-    conda:
-        ENV
     shell:
         "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
 
@@ -131,11 +135,11 @@ rule diagnose:
         ),
     log:
         log_for("diagnose/{backbone}/{run}/s{seed}"),
+    conda:
+        ENV
     threads: 1
     params:
         cli=CLI,
-    conda:
-        ENV
     shell:
         "{params.cli} diagnose --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
         "> {log} 2>&1"
@@ -146,7 +150,7 @@ for _paper, _table in PLAN.tables:
     rule:
         name:
             f"table_{_paper}_{_table}"
+        default_target: False
         input:
             at_scale(paths.TABLE_CSV).format(paper=_paper, table=_table),
             at_scale(paths.CURVES_PNG).format(paper=_paper, table=_table),
-        default_target: False

@@ -6,13 +6,13 @@ rule warmup:
         at_scale(paths.BASE_DONE),
     log:
         log_for("warmup/{backbone}"),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=2000,
     params:
         cli=CLI,
-    conda:
-        ENV
     shell:
         "{params.cli} warmup --backbone {wildcards.backbone} > {log} 2>&1"
 
@@ -26,6 +26,8 @@ rule train:
         metrics=at_scale(paths.RUN_METRICS),
     log:
         log_for("train/{backbone}/{run}/s{seed}"),
+    conda:
+        ENV
     threads: train_threads  # smoke: the verl job's ranks (a Ray cluster each); else 1
     resources:
         mem_mb=3000,
@@ -33,7 +35,5 @@ rule train:
         gpu=train_gpus,
     params:
         cli=CLI,
-    conda:
-        ENV
     shell:
         "{params.cli} train --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"

@@ -32,9 +32,17 @@ from torch import Tensor
 from creditlab.algos.registry import register
 
 
-def call_batching(fn: Callable, group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                  lengths: Tensor | None = None, seq_lengths: Tensor | None = None, advantages: Tensor | None = None,
-                  n_ranks: int = 1) -> list[Tensor]:
+def call_batching(
+    fn: Callable,
+    group_ids: Tensor,
+    n_minibatches: int,
+    generator: torch.Generator,
+    *,
+    lengths: Tensor | None = None,
+    seq_lengths: Tensor | None = None,
+    advantages: Tensor | None = None,
+    n_ranks: int = 1,
+) -> list[Tensor]:
     """Call a registered batching function with the context it names (lengths, seq_lengths, advantages, n_ranks)."""
     ctx = {"lengths": lengths, "seq_lengths": seq_lengths, "advantages": advantages, "n_ranks": n_ranks}
     params = inspect.signature(fn).parameters
@@ -68,7 +76,8 @@ def _balanced_bins(loads: Tensor, sizes: Tensor, n_bins: int, order_noise: Tenso
     that still has room for its size (room = an equal share of the total size, rounded up).
 
     Greedy LPT with a cardinality bound: with unit sizes every bin holds floor or ceil of the mean
-    count; with groups the sizes differ by about one group; loads are close. Ties are broken by ``order_noise`` (seeded), so equal loads do not always land
+    count; with groups the sizes differ by about one group; loads are close. Ties are broken by ``order_noise``
+    (seeded), so equal loads do not always land
     in the same bins. Returns the item indices of each bin.
     """
     total = int(sizes.sum())
@@ -93,8 +102,15 @@ def _balanced_bins(loads: Tensor, sizes: Tensor, n_bins: int, order_noise: Tenso
     return bins
 
 
-def partition_bins(group_ids: Tensor, lengths: Tensor, n_minibatches: int, n_ranks: int, generator: torch.Generator,
-                   *, whole_groups: bool) -> list[list[Tensor]]:
+def partition_bins(
+    group_ids: Tensor,
+    lengths: Tensor,
+    n_minibatches: int,
+    n_ranks: int,
+    generator: torch.Generator,
+    *,
+    whole_groups: bool,
+) -> list[list[Tensor]]:
     """Split a rollout batch into M mini-batches x R rank shards: ``out[m][r]`` = rollout indices.
 
     Units (whole groups when ``whole_groups``, else single rollouts) go largest token load first to the
@@ -107,8 +123,13 @@ def partition_bins(group_ids: Tensor, lengths: Tensor, n_minibatches: int, n_ran
     sizes = torch.tensor([u.numel() for u in units])
     noise = torch.rand(len(units), generator=generator)
     bins = _balanced_bins(loads, sizes, n_minibatches * n_ranks, noise)
-    nested = [[torch.cat([units[i] for i in b]) if b else torch.zeros(0, dtype=torch.long)
-               for b in bins[m * n_ranks:(m + 1) * n_ranks]] for m in range(n_minibatches)]
+    nested = [
+        [
+            torch.cat([units[i] for i in b]) if b else torch.zeros(0, dtype=torch.long)
+            for b in bins[m * n_ranks : (m + 1) * n_ranks]
+        ]
+        for m in range(n_minibatches)
+    ]
     order = torch.randperm(n_minibatches, generator=generator).tolist()
     return [nested[m] for m in order]
 
@@ -156,7 +177,7 @@ def ldm_partitions(loads: list[int], k: int) -> list[list[int]]:
             return self.key() > other.key()
 
     items = sorted((int(v), i) for i, v in enumerate(loads))
-    heap = [_State([(v, [(i, v)]) for v, i in items[o:o + k]]) for o in range(0, n, k)]
+    heap = [_State([(v, [(i, v)]) for v, i in items[o : o + k]]) for o in range(0, n, k)]
     heapq.heapify(heap)
     while len(heap) > 1:
         a, b = heapq.heappop(heap), heapq.heappop(heap)
@@ -165,8 +186,9 @@ def ldm_partitions(loads: list[int], k: int) -> list[list[int]]:
 
 
 @register("batching", "verl_default")
-def verl_default_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                             seq_lengths: Tensor, n_ranks: int = 1) -> list[Tensor]:
+def verl_default_minibatches(
+    group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *, seq_lengths: Tensor, n_ranks: int = 1
+) -> list[Tensor]:
     """verl 0.9.1's default order (``trainer_base._balance_batch`` then dispatch and the actor's mini-batch
     iterator with ``shuffle=False``) [code], the baseline of Paper C:
 
@@ -184,8 +206,10 @@ def verl_default_minibatches(group_ids: Tensor, n_minibatches: int, generator: t
     loads = verl_workload(torch.cat([seq_lengths.to(torch.int64), torch.full((pad,), VERL_PADDING_SEQ_LEN)]))
     parts = ldm_partitions(loads.tolist(), R)
     per_mb = (B + pad) // (R * M)
-    mbs = [torch.tensor([i for p in parts for i in p[m * per_mb:(m + 1) * per_mb] if i < B], dtype=torch.long)
-           for m in range(M)]
+    mbs = [
+        torch.tensor([i for p in parts for i in p[m * per_mb : (m + 1) * per_mb] if i < B], dtype=torch.long)
+        for m in range(M)
+    ]
     return [mb for mb in mbs if mb.numel()]
 
 
@@ -195,8 +219,9 @@ def _flat(nested: list[list[Tensor]]) -> list[Tensor]:
 
 
 @register("batching", "token_balanced")
-def token_balanced_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                               lengths: Tensor, n_ranks: int = 1) -> list[Tensor]:
+def token_balanced_minibatches(
+    group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *, lengths: Tensor, n_ranks: int = 1
+) -> list[Tensor]:
     """Rollouts partitioned one by one by response tokens into M x R bins (equal counts, balanced tokens; greedy
     :func:`partition_bins`), ignoring which prompt a rollout came from; bins of mini-batch m are its rank shards
     [ours]. Not verl's order (that is :func:`verl_default_minibatches`): it balances every mini-batch, and scatters
@@ -206,8 +231,9 @@ def token_balanced_minibatches(group_ids: Tensor, n_minibatches: int, generator:
 
 
 @register("batching", "query_preserved")
-def query_preserved_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                                lengths: Tensor, n_ranks: int = 1) -> list[Tensor]:
+def query_preserved_minibatches(
+    group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *, lengths: Tensor, n_ranks: int = 1
+) -> list[Tensor]:
     """Query-preserved mini-batching (QB) [paper]: every group (all rollouts of one prompt) lands whole
     in one mini-batch (one optimizer step), and, with R data-parallel ranks, whole on one rank; groups
     are spread over the M x R bins so that every bin has the same number of rollouts (up to one group)
@@ -220,8 +246,9 @@ def query_preserved_minibatches(group_ids: Tensor, n_minibatches: int, generator
 
 
 @register("batching", "sign_partitioned")
-def sign_partitioned_minibatches(group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *,
-                                 advantages: Tensor) -> list[Tensor]:
+def sign_partitioned_minibatches(
+    group_ids: Tensor, n_minibatches: int, generator: torch.Generator, *, advantages: Tensor
+) -> list[Tensor]:
     """The "broken cancellation" control of Paper C [paper]: positive-advantage rollouts and the others
     (A <= 0) in separate mini-batches, so no update sees both signs.
 
@@ -316,8 +343,9 @@ class RewardBalancedBuffer:
         if not 0.0 <= self.rho <= 0.5:
             raise ValueError(f"reward-balanced batching: rho must be in [0, 0.5], got {self.rho}")
         if self.n_groups < 1 or self.max_age < 0:
-            raise ValueError(f"reward-balanced batching: n_groups >= 1 and max_age >= 0 needed, got "
-                             f"{self.n_groups}, {self.max_age}")
+            raise ValueError(
+                f"reward-balanced batching: n_groups >= 1 and max_age >= 0 needed, got {self.n_groups}, {self.max_age}"
+            )
 
     def add(self, payload: Any, n_pos: int, n_neg: int, size: int, step: int) -> None:
         """Add one group generated at ``step`` with its counts of positive / negative rollouts."""
@@ -344,9 +372,13 @@ class RewardBalancedBuffer:
         n = sum(e.size for e in chosen)
         ages = [step - e.born for e in chosen]
         return [e.payload for e in chosen], stats | {
-            "rb_emitted": 1.0, "rb_fill": float(len(self.entries)),
-            "rb_age_mean": sum(ages) / len(ages), "rb_age_max": float(max(ages)),
-            "rb_pos_frac": sum(e.n_pos for e in chosen) / n, "rb_neg_frac": sum(e.n_neg for e in chosen) / n}
+            "rb_emitted": 1.0,
+            "rb_fill": float(len(self.entries)),
+            "rb_age_mean": sum(ages) / len(ages),
+            "rb_age_max": float(max(ages)),
+            "rb_pos_frac": sum(e.n_pos for e in chosen) / n,
+            "rb_neg_frac": sum(e.n_neg for e in chosen) / n,
+        }
 
     def _deficit(self, pos: int, neg: int, size: int) -> float:
         return max(0.0, self.rho * size - pos) + max(0.0, self.rho * size - neg)
@@ -357,14 +389,15 @@ class RewardBalancedBuffer:
         if len(self.entries) < self.n_groups:
             return None
         pool = sorted(self.entries, key=lambda e: e.born)  # oldest first (stable: insertion order)
-        chosen, rest = pool[: self.n_groups], pool[self.n_groups:]
+        chosen, rest = pool[: self.n_groups], pool[self.n_groups :]
         pos, neg, size = (sum(e.n_pos for e in chosen), sum(e.n_neg for e in chosen), sum(e.size for e in chosen))
         while (d := self._deficit(pos, neg, size)) > 1e-9:
             best = None
             for i, lose in enumerate(chosen):
                 for j, gain in enumerate(rest):
-                    d2 = self._deficit(pos - lose.n_pos + gain.n_pos, neg - lose.n_neg + gain.n_neg,
-                                       size - lose.size + gain.size)
+                    d2 = self._deficit(
+                        pos - lose.n_pos + gain.n_pos, neg - lose.n_neg + gain.n_neg, size - lose.size + gain.size
+                    )
                     key = (d2, gain.born, -lose.born, -i, j)  # keep the oldest (first inserted)
                     if d2 < d - 1e-9 and (best is None or key < best[0]):
                         best = (key, i, j)
@@ -387,10 +420,16 @@ class RewardBalancedBuffer:
 RB_ON_EXHAUSTED = ("train_unbalanced", "raise")
 
 
-def rb_draw(buffer: RewardBalancedBuffer, round_: int, *, admit: Callable[[int], None], refill: Callable[[], None],
-            max_rounds: int, on_exhausted: str = "train_unbalanced",
-            select: Callable[[int], tuple[list[Any] | None, dict[str, float]]] | None = None,
-            ) -> tuple[list[Any], dict[str, float], int]:
+def rb_draw(
+    buffer: RewardBalancedBuffer,
+    round_: int,
+    *,
+    admit: Callable[[int], None],
+    refill: Callable[[], None],
+    max_rounds: int,
+    on_exhausted: str = "train_unbalanced",
+    select: Callable[[int], tuple[list[Any] | None, dict[str, float]]] | None = None,
+) -> tuple[list[Any], dict[str, float], int]:
     """The batch of one update under reward-balanced batching, the same in both engines (verl's reading of RB):
 
       1. ``admit(r)``: the groups generated in round r join the buffer, born at r (ages count generation rounds);
@@ -432,8 +471,14 @@ def rb_draw(buffer: RewardBalancedBuffer, round_: int, *, admit: Callable[[int],
 RB_SIGNS = ("advantage", "reward")
 
 
-def rb_sign_values(sign: str, rewards: Tensor, scores: Tensor, group_ids: Tensor,
-                   advantage: Callable[[Tensor, Tensor], Tensor], reward_threshold: float) -> tuple[Tensor, float]:
+def rb_sign_values(
+    sign: str,
+    rewards: Tensor,
+    scores: Tensor,
+    group_ids: Tensor,
+    advantage: Callable[[Tensor, Tensor], Tensor],
+    reward_threshold: float,
+) -> tuple[Tensor, float]:
     """What makes a rollout positive or negative for reward-balanced batching, and the threshold.
 
     sign ``advantage``: the group advantage A_i = advantage(rewards, group_ids) of the shaped rewards (what the

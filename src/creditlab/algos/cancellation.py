@@ -82,7 +82,8 @@ def shared_tokens(responses: Tensor, mask: Tensor, group_ids: Tensor, min_rollou
     key_group = torch.zeros(n_keys, dtype=torch.long, device=dev).scatter_(0, k, grp)
     pairs = torch.unique(torch.stack([k, rows]), dim=1)  # distinct (pair, rollout)
     key_rollouts = torch.zeros(n_keys, dtype=torch.long, device=dev).index_add_(
-        0, pairs[0], torch.ones(pairs.shape[1], dtype=torch.long, device=dev))
+        0, pairs[0], torch.ones(pairs.shape[1], dtype=torch.long, device=dev)
+    )
     key_shared = key_rollouts >= min_rollouts
     key = torch.full((B, T), -1, dtype=torch.long, device=dev)
     key[valid] = k
@@ -102,8 +103,9 @@ def group_coefficients(adv: Tensor, w: Tensor, group_ids: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def within_group_transform(w: Tensor, adv: Tensor, group_ids: Tensor, transform: str = "project",
-                           active: Tensor | None = None) -> Tensor:
+def within_group_transform(
+    w: Tensor, adv: Tensor, group_ids: Tensor, transform: str = "project", active: Tensor | None = None
+) -> Tensor:
     """DFPO's within-group transform of per-rollout weights (no gradient).
 
     w, adv: Tensor[B] (per-rollout weight and sequence advantage); group_ids: Tensor[B];
@@ -137,8 +139,9 @@ def within_group_transform(w: Tensor, adv: Tensor, group_ids: Tensor, transform:
     return w - coef[inv] * a
 
 
-def loss_token_coefficients(loss_fn: Callable[..., Any], logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
-                            **kw: Any) -> Tensor:
+def loss_token_coefficients(
+    loss_fn: Callable[..., Any], logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, **kw: Any
+) -> Tensor:
     """``g_{i,t} = d loss / d logp_{i,t}`` of ``loss_fn(logp, old_logp, adv, mask, **kw)`` by autograd.
 
     ``logp`` is detached and made a leaf here (the caller's tensor is untouched); weights a loss
@@ -153,8 +156,14 @@ def loss_token_coefficients(loss_fn: Callable[..., Any], logp: Tensor, old_logp:
 
 
 @torch.no_grad()
-def cancellation_residual(grad_coef: Tensor, responses: Tensor, mask: Tensor, group_ids: Tensor,
-                          adv: Tensor | None = None, min_rollouts: int = 2) -> dict[str, Any]:
+def cancellation_residual(
+    grad_coef: Tensor,
+    responses: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    adv: Tensor | None = None,
+    min_rollouts: int = 2,
+) -> dict[str, Any]:
     """How far the per-token gradient coefficients of shared tokens are from cancelling in each group.
 
     grad_coef: Tensor[B, T] ``g_{i,t} = dL/dlogp_{i,t}`` (e.g. ``loss_token_coefficients``);
@@ -196,8 +205,9 @@ def cancellation_residual(grad_coef: Tensor, responses: Tensor, mask: Tensor, gr
     residual = _group_sum(key_sum.abs() * sh, key_group, n_groups)
     total = _group_sum(key_abs * sh, key_group, n_groups)
     scored = total > 0
-    rel = torch.where(scored, residual / torch.where(scored, total, torch.ones_like(total)),
-                      torch.full_like(total, float("nan")))
+    rel = torch.where(
+        scored, residual / torch.where(scored, total, torch.ones_like(total)), torch.full_like(total, float("nan"))
+    )
 
     lens = valid.sum(-1).clamp(min=1).to(torch.float64)
     mean_g = (g * valid).sum(-1) / lens  # mean coefficient per valid token of each rollout
@@ -220,6 +230,7 @@ def cancellation_residual(grad_coef: Tensor, responses: Tensor, mask: Tensor, gr
     }
     if adv is not None:
         a = adv.to(torch.float64)
-        out["w"] = torch.where(a != 0, -mean_g / torch.where(a != 0, a, torch.ones_like(a)),
-                               torch.full_like(a, float("nan")))
+        out["w"] = torch.where(
+            a != 0, -mean_g / torch.where(a != 0, a, torch.ones_like(a)), torch.full_like(a, float("nan"))
+        )
     return out

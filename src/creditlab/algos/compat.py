@@ -82,17 +82,20 @@ def check_method(method: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
         raise IllDefinedComposition(
             f"method {name!r} needs {needs_ref} from the reference pass (the forward with the LoRA adapter disabled; "
             f"e.g. ARCA's ||h^adapted - h^base||): without an adapter there is no reference, set "
-            f"trainer.lora.enable=true [rule reference_pass]")
+            f"trainer.lora.enable=true [rule reference_pass]"
+        )
     import inspect
 
     batching, M, P = trainer["batching"], int(trainer["mini_batches"]), int(trainer["prompts_per_step"])
-    if "group_ids" in inspect.signature(registry.get("policy_loss", loss)).parameters \
-            and not keeps_groups_whole(batching, P, M):
+    if "group_ids" in inspect.signature(registry.get("policy_loss", loss)).parameters and not keeps_groups_whole(
+        batching, P, M
+    ):
         raise IllDefinedComposition(
             f"policy loss {loss!r} couples the rollouts of a group (it is defined on whole groups), but batching "
             f"{batching!r} with {M} mini-batches of {P} prompts can split a group across mini-batches; use "
             f"trainer.batching=query_preserved (or sequential with prompts_per_step a multiple of mini_batches) "
-            f"[rule whole_groups]")
+            f"[rule whole_groups]"
+        )
     if loss in ROLLOUT_WEIGHT_TRANSFORMS:
         key, off = ROLLOUT_WEIGHT_TRANSFORMS[loss]
         if _loss_setting(loss, lkw, key) != off and (credit or filters):
@@ -100,23 +103,27 @@ def check_method(method: Mapping[str, Any], trainer: Mapping[str, Any]) -> None:
                 f"policy loss {loss!r} transforms one weight per rollout so that sum_i A_i w_i = 0 within a group; "
                 f"the per-token factors of {credit + filters} multiply token t's coefficient differently in each "
                 f"rollout after the transform, so the sum is no longer 0 and the loss's cancellation guarantee is "
-                f"void (allowed only with loss_kwargs.{key}={off}) [rule rollout_weight_transform]")
+                f"void (allowed only with loss_kwargs.{key}={off}) [rule rollout_weight_transform]"
+            )
     if loss in SEQUENCE_RATIO_LOSSES and filters:
         cond = SEQUENCE_RATIO_LOSSES[loss]
         if cond is None or _loss_setting(loss, lkw, cond[0]) == cond[1]:
             raise IllDefinedComposition(
                 f"policy loss {loss!r} uses the sequence ratio s_i = exp(mean_t log r_i,t) of the whole response; "
                 f"token filter(s) {filters} would make it the ratio of a token subset chosen per step; credit "
-                f"weights compose with it, token filters do not [rule sequence_ratio_filter]")
+                f"weights compose with it, token filters do not [rule sequence_ratio_filter]"
+            )
     rb_on = bool((trainer.get("reward_balance") or {}).get("enable"))
     if rb_on and trainer.get("dynamic_sampling"):
         raise IllDefinedComposition(
             "reward-balanced batching (RB) and dynamic sampling both choose which generated groups an update trains "
             "on (and generate more until they can); on verl the RB sampler replaces the replay buffer that implements "
             "DAPO's group filter: set trainer.dynamic_sampling=false or trainer.reward_balance.enable=false "
-            "[rule rb_replaces_filter]")
+            "[rule rb_replaces_filter]"
+        )
     if batching == "sign_partitioned" and rb_on:
         raise IllDefinedComposition(
             "reward-balanced batching (RB) makes every update see >= rho positive and >= rho negative rollouts; "
             "batching 'sign_partitioned' puts the two signs in different mini-batches (updates): the two contradict "
-            "each other [rule balanced_updates]")
+            "each other [rule balanced_updates]"
+        )

@@ -18,8 +18,9 @@ def classify_shift(delta: Tensor, eps: float) -> Tensor:
     return (delta > eps).long() - (delta < -eps).long()
 
 
-def flip_fractions(delta: Tensor, mask: Tensor, adv: Tensor, eps: float, select: Tensor | None = None
-                   ) -> dict[str, dict[str, float]]:
+def flip_fractions(
+    delta: Tensor, mask: Tensor, adv: Tensor, eps: float, select: Tensor | None = None
+) -> dict[str, dict[str, float]]:
     """Boosted / suppressed / stable fractions of the valid tokens of positive (A > 0) and negative (A < 0)
     rollouts, and of all rollouts.
 

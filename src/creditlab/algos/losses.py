@@ -221,8 +221,18 @@ def fipo_loss(
         raise ValueError(f"FIPO needs a dual-clip bound c > 1 + eps_high, got dual_clip_c={dual_clip_c}")
     with torch.no_grad():
         valid = mask > 0
-        w, fkl = fipo_weights(logp, old_logp, adv, mask, dual_clip_c=dual_clip_c, decay_halflife=decay_halflife,
-                              w_min=w_min, w_max=w_max, safety_thresh=safety_thresh, neg_w_range=neg_w_range)
+        w, fkl = fipo_weights(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            dual_clip_c=dual_clip_c,
+            decay_halflife=decay_halflife,
+            w_min=w_min,
+            w_max=w_max,
+            safety_thresh=safety_thresh,
+            neg_w_range=neg_w_range,
+        )
         ratio = (logp - old_logp).clamp(-20.0, 20.0).float().exp()
         neg_high = (adv < 0) & (ratio > safety_thresh)
         at_dual = (adv < 0) & (ratio > dual_clip_c) & valid
@@ -231,8 +241,17 @@ def fipo_loss(
         else:
             drop = at_dual.sum(-1) > max_dual_clip_tokens
         keep_mask = mask * (~drop).to(mask.dtype)[:, None]
-    loss, stats = dapo_loss(logp, old_logp, adv * w, keep_mask, eps_low=eps_low, eps_high=eps_high,
-                            dual_clip_c=dual_clip_c, agg=agg, denom=denom)
+    loss, stats = dapo_loss(
+        logp,
+        old_logp,
+        adv * w,
+        keep_mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip_c=dual_clip_c,
+        agg=agg,
+        denom=denom,
+    )
     with torch.no_grad():
         m = valid.to(torch.float32)
         nonempty = valid.any(-1)
@@ -319,8 +338,17 @@ def gspo_loss(
     """
     seq_lr = gspo_seq_log_ratio(logp.detach(), old_logp, mask)
     log_s_tok = (seq_lr[:, None] + logp - logp.detach()).clamp(max=max_log_ratio)
-    loss, stats = dapo_loss(log_s_tok, torch.zeros_like(log_s_tok), adv, mask, eps_low=eps_low, eps_high=eps_high,
-                            dual_clip_c=None, agg=agg, denom=denom)
+    loss, stats = dapo_loss(
+        log_s_tok,
+        torch.zeros_like(log_s_tok),
+        adv,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip_c=None,
+        agg=agg,
+        denom=denom,
+    )
     with torch.no_grad():
         m = mask.to(logp.dtype)
         log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
@@ -340,9 +368,11 @@ def gspo_loss(
 
 def _need_responses(name: str, responses: Tensor | None, logp: Tensor) -> Tensor:
     if responses is None:
-        raise ValueError(f"policy loss {name!r} needs responses (Tensor[B, T], the token ids of the mini-batch's "
-                         "rollouts: its shared tokens are token ids); the engines pass them to losses whose "
-                         "signature names `responses`")
+        raise ValueError(
+            f"policy loss {name!r} needs responses (Tensor[B, T], the token ids of the mini-batch's "
+            "rollouts: its shared tokens are token ids); the engines pass them to losses whose "
+            "signature names `responses`"
+        )
     if responses.shape != logp.shape:
         raise ValueError(f"responses has shape {tuple(responses.shape)}, expected {tuple(logp.shape)}")
     return responses.to(logp.device)
@@ -350,16 +380,26 @@ def _need_responses(name: str, responses: Tensor | None, logp: Tensor) -> Tensor
 
 def _need_group_ids(name: str, group_ids: Tensor | None, logp: Tensor) -> Tensor:
     if group_ids is None:
-        raise ValueError(f"policy loss {name!r} needs group_ids (Tensor[B], the prompt group of each rollout of the "
-                         "mini-batch); the engine passes them to losses whose signature names `group_ids`")
+        raise ValueError(
+            f"policy loss {name!r} needs group_ids (Tensor[B], the prompt group of each rollout of the "
+            "mini-batch); the engine passes them to losses whose signature names `group_ids`"
+        )
     if group_ids.shape != logp.shape[:1]:
         raise ValueError(f"group_ids has shape {tuple(group_ids.shape)}, expected ({logp.shape[0]},)")
     return group_ids.to(logp.device)
 
 
 @torch.no_grad()
-def grpo_pruned(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-                eps_high: float = 0.2, dual_clip_c: float | None = None) -> Tensor:
+def grpo_pruned(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> Tensor:
     """Tokens whose gradient ``dapo_loss`` zeroes by clipping (Tensor[B, T] bool, valid tokens only).
 
     With r = exp(clamp(logp - old_logp, -20, 20)): the min-clip prunes A > 0 where r > 1 + eps_high
@@ -420,12 +460,17 @@ def grpo_fix_loss(
         pruned = grpo_pruned(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
         st = shared_tokens(responses, mask, group_ids)
         valid = mask > 0
-        key_pruned = torch.zeros(st.key_group.numel(), dtype=torch.long, device=logp.device).index_add_(
-            0, st.key[valid], pruned[valid].long()) > 0
+        key_pruned = (
+            torch.zeros(st.key_group.numel(), dtype=torch.long, device=logp.device).index_add_(
+                0, st.key[valid], pruned[valid].long()
+            )
+            > 0
+        )
         common = pruned | (st.shared & key_pruned[st.key.clamp(min=0)])
     logp_fix = torch.where(common, logp.detach(), logp)
-    loss, stats = dapo_loss(logp_fix, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high,
-                            dual_clip_c=dual_clip_c, agg=agg, denom=denom)
+    loss, stats = dapo_loss(
+        logp_fix, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c, agg=agg, denom=denom
+    )
     with torch.no_grad():
         stats["grpo_fix_pruned_frac"] = _masked_mean(common.float(), mask.float()).item()
         stats["grpo_fix_shared_frac"] = _masked_mean(st.shared.float(), mask.float()).item()
@@ -540,9 +585,21 @@ def dfpo_loss(
     ratio_mean (token level).
     """
     group_ids = _need_group_ids("dfpo", group_ids, logp)
-    c, parts = dfpo_weights(logp, old_logp, adv, mask, group_ids, weight=weight, transform=transform,
-                            eps_low=eps_low, eps_high=eps_high, max_log_ratio=max_log_ratio,
-                            norm_in_weight=norm_in_weight, agg=agg, denom=denom)
+    c, parts = dfpo_weights(
+        logp,
+        old_logp,
+        adv,
+        mask,
+        group_ids,
+        weight=weight,
+        transform=transform,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        max_log_ratio=max_log_ratio,
+        norm_in_weight=norm_in_weight,
+        agg=agg,
+        denom=denom,
+    )
     e = torch.exp(logp - logp.detach())
     loss = -(adv * c.to(adv.dtype)[:, None] * e * mask).sum()
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """Post-hoc analyses of RL updates (Paper C): token flipping and polarity probes, coupling masking,
 Monte Carlo token values; credit fidelity (issue 23: every method's token credit against Monte Carlo token
-advantages) and whether it predicts training gains. Each kind is a module with ``analyze(ctx, **params) -> dict`` (JSON-able),
+advantages) and whether it predicts training gains. Each kind is a module with ``analyze(ctx, **params) -> dict``
+(JSON-able),
 ``markdown(result) -> str`` and ``plot(result, png)``; paper configs declare analyses by kind
 (``analyses:`` in configs/papers/*.yaml) and ``python -m creditlab analyze`` runs one."""
 
@@ -11,14 +12,21 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 KINDS = ("flipping", "coupling", "value", "value_budget", "credit_fidelity", "fidelity_gains")
-_MODULES = {"flipping": "flipping", "coupling": "coupling", "value": "value", "value_budget": "value_budget",
-            "credit_fidelity": "credit_fidelity", "fidelity_gains": "fidelity_gains"}
+_MODULES = {
+    "flipping": "flipping",
+    "coupling": "coupling",
+    "value": "value",
+    "value_budget": "value_budget",
+    "credit_fidelity": "credit_fidelity",
+    "fidelity_gains": "fidelity_gains",
+}
 _PLAN_CHECKS = {"credit_fidelity": "credit_fidelity", "fidelity_gains": "fidelity_gains"}
 """Kinds with a plan-time check: a function of ``creditlab.analysis.plan_checks`` named after the kind."""
 
 
-def plan_refusal(kind: str, params: dict[str, Any], cfg: dict[str, Any], plan: Any, paper: str, name: str
-                 ) -> str | None:
+def plan_refusal(
+    kind: str, params: dict[str, Any], cfg: dict[str, Any], plan: Any, paper: str, name: str
+) -> str | None:
     """Why analysis ``name`` (kind ``kind``, ``params``) of ``paper`` cannot run at the plan's scale on its run's
     resolved config ``cfg`` (None: it can), from its kind's torch-free check in ``creditlab.analysis.plan_checks``;
     ValueError for a config error (a methods entry naming no run of the paper, ...)."""

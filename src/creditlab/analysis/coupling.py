@@ -59,8 +59,9 @@ def output_similarity(probs: Tensor, tokens: Tensor) -> Tensor:
     emitted ids y_i. Returns Tensor[N, N] (symmetric; dtype: probs', at least float32).
     """
     if probs.dim() != 2 or tokens.shape != probs.shape[:1]:
-        raise ValueError(f"output_similarity needs probs [N, V] and tokens [N], got {tuple(probs.shape)} and "
-                         f"{tuple(tokens.shape)}")
+        raise ValueError(
+            f"output_similarity needs probs [N, V] and tokens [N], got {tuple(probs.shape)} and {tuple(tokens.shape)}"
+        )
     p = probs.to(torch.promote_types(probs.dtype, torch.float32))
     y = tokens.to(p.device).long()
     same = (y[:, None] == y[None, :]).to(p.dtype)
@@ -79,8 +80,10 @@ def coupling_kernel_proxy(hidden: Tensor, probs: Tensor, tokens: Tensor) -> Tens
     the emitted ids y_i. Returns Tensor[N, N] (dtype: the promoted one, at least float32).
     """
     if hidden.dim() != 2 or hidden.shape[0] != probs.shape[0]:
-        raise ValueError(f"coupling_kernel_proxy needs hidden [N, d] and probs [N, V] with the same N, got "
-                         f"{tuple(hidden.shape)} and {tuple(probs.shape)}")
+        raise ValueError(
+            f"coupling_kernel_proxy needs hidden [N, d] and probs [N, V] with the same N, got "
+            f"{tuple(hidden.shape)} and {tuple(probs.shape)}"
+        )
     s = output_similarity(probs, tokens)
     h = hidden.to(device=s.device, dtype=torch.promote_types(hidden.dtype, s.dtype))
     return (h @ h.T) * s.to(h.dtype)
@@ -235,8 +238,11 @@ def masking_experiment(
             return loss_token_coefficients(loss_fn, logp0, logp0, adv, mask, **kw)
 
         def step_grads(coef: Tensor) -> list[Tensor | None]:
-            return list(torch.autograd.grad(logp_graph, leaves, grad_outputs=coef.to(logp_graph.dtype),
-                                            retain_graph=True, allow_unused=True))
+            return list(
+                torch.autograd.grad(
+                    logp_graph, leaves, grad_outputs=coef.to(logp_graph.dtype), retain_graph=True, allow_unused=True
+                )
+            )
 
         row_cache: dict[int, TokenBatch] = {}
 
@@ -283,15 +289,26 @@ def masking_experiment(
             if pool_idx.numel():
                 k = min(max(1, int(sl_m.sum())), pool_idx.numel())
                 rand_m[pool_idx[torch.randperm(pool_idx.numel(), generator=gen)[:k]]] = True
-            set_masks = {"random": rand_m.reshape(B, T).to(device), "same": same_m, "lowconf": low_m,
-                         "same_lowconf": sl_m}
+            set_masks = {
+                "random": rand_m.reshape(B, T).to(device),
+                "same": same_m,
+                "lowconf": low_m,
+                "same_lowconf": sl_m,
+            }
             if (b, t) not in normal_after:
                 normal_after[(b, t)] = logp_after(coef_normal, b, t)
             before = float(logp0[b, t])
             d_normal = normal_after[(b, t)] - before
             k_row = _kernel_row(hidden[b, t], probs[b, t], y_c, flat_h, flat_p, flat_y)
-            rec: dict[str, Any] = {"row": b, "pos": t, "token": y_c, "adv": float(adv_tok[b, t]),
-                                   "p": float(p0[b, t]), "delta_normal": d_normal, "sets": {}}
+            rec: dict[str, Any] = {
+                "row": b,
+                "pos": t,
+                "token": y_c,
+                "adv": float(adv_tok[b, t]),
+                "p": float(p0[b, t]),
+                "delta_normal": d_normal,
+                "sets": {},
+            }
             for name in SETS:
                 m_set = set_masks[name]
                 size = int(m_set.sum())
@@ -304,8 +321,12 @@ def masking_experiment(
                 after = logp_after(coef_m, b, t)
                 effect = s_c * (normal_after[(b, t)] - after)
                 proxy = s_c * lr * float(((coef_m - coef_normal).reshape(-1).to(k_row.dtype) * k_row).sum())
-                rec["sets"][name] = {"size": size, "delta_masked": after - before, "effect": effect,
-                                     "proxy_effect": proxy}
+                rec["sets"][name] = {
+                    "size": size,
+                    "delta_masked": after - before,
+                    "effect": effect,
+                    "proxy_effect": proxy,
+                }
                 acc[name]["effects"].append(effect)
                 acc[name]["sizes"].append(size)
                 acc[name]["agree"].append(float((effect > 0) == (proxy > 0)))
@@ -316,21 +337,44 @@ def masking_experiment(
     def _mean(xs: list[float]) -> float:
         return float(sum(xs) / len(xs)) if xs else float("nan")
 
-    sets = {name: {"boost_rate": 100.0 * _mean([float(e > 0) for e in a["effects"]]) if a["effects"] else float("nan"),
-                   "mean_boost": _mean(a["effects"]), "n": len(a["effects"]), "mean_set_size": _mean(a["sizes"]),
-                   "n_skipped": a["skipped"], "proxy_sign_agree": _mean(a["agree"])}
-            for name, a in acc.items()}
-    return {"sets": sets, "candidates": records, "params": params, "lr": lr, "pool": pool,
-            "low_conf_p": low_conf_p, "candidate_max_p": candidate_max_p, "n_eligible": int(elig_idx.shape[0]),
-            "n_tokens": int(valid.sum())}
+    sets = {
+        name: {
+            "boost_rate": 100.0 * _mean([float(e > 0) for e in a["effects"]]) if a["effects"] else float("nan"),
+            "mean_boost": _mean(a["effects"]),
+            "n": len(a["effects"]),
+            "mean_set_size": _mean(a["sizes"]),
+            "n_skipped": a["skipped"],
+            "proxy_sign_agree": _mean(a["agree"]),
+        }
+        for name, a in acc.items()
+    }
+    return {
+        "sets": sets,
+        "candidates": records,
+        "params": params,
+        "lr": lr,
+        "pool": pool,
+        "low_conf_p": low_conf_p,
+        "candidate_max_p": candidate_max_p,
+        "n_eligible": int(elig_idx.shape[0]),
+        "n_tokens": int(valid.sum()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
 # the pipeline analysis (kind "coupling"): Table 1 on a rollout batch of the run's trainer
 
 
-def analyze(ctx, *, lr: float = 1e-2, n_candidates: int = 64, low_conf_p: float = 0.5, candidate_max_p: float = 0.9,
-            pool: str = "same_sign", params: list[str] = list(PARAMS)) -> dict:
+def analyze(
+    ctx,
+    *,
+    lr: float = 1e-2,
+    n_candidates: int = 64,
+    low_conf_p: float = 0.5,
+    candidate_max_p: float = 0.9,
+    pool: str = "same_sign",
+    params: list[str] = list(PARAMS),
+) -> dict:
     """Coupling masking (Table 1) on rollout batch 0 of the context's trainer: Boost Rate and Mean Boost per
     masked set, for the LM-head-only and the full-parameter plain-SGD update."""
     from creditlab.lm.batch import pack
@@ -341,31 +385,60 @@ def analyze(ctx, *, lr: float = 1e-2, n_candidates: int = 64, low_conf_p: float 
     tr = ctx.trainer
     ro, _ = tr.collect(0)
     batch = pack(ro.prompts, ro.responses, tr.tok.pad_token_id)
-    adv = tr.advantage_fn(torch.tensor(ro.rewards, dtype=torch.float32), torch.tensor(ro.group_ids),
-                          **(tr.mcfg.get("advantage_kwargs") or {}))
-    out = {"kind": "coupling", "lr": lr, "pool": pool, "low_conf_p": low_conf_p, "candidate_max_p": candidate_max_p,
-           "n_rollouts": len(ro.responses), "updates": {}}
+    adv = tr.advantage_fn(
+        torch.tensor(ro.rewards, dtype=torch.float32),
+        torch.tensor(ro.group_ids),
+        **(tr.mcfg.get("advantage_kwargs") or {}),
+    )
+    out = {
+        "kind": "coupling",
+        "lr": lr,
+        "pool": pool,
+        "low_conf_p": low_conf_p,
+        "candidate_max_p": candidate_max_p,
+        "n_rollouts": len(ro.responses),
+        "updates": {},
+    }
     for p in params:
-        res = masking_experiment(tr.model, batch, adv[:, None].expand_as(batch.response_mask).clone(),
-                                 batch.response_mask, tr.loss_fn, lr=lr, params=p, n_candidates=n_candidates,
-                                 low_conf_p=low_conf_p, candidate_max_p=candidate_max_p, pool=pool,
-                                 generator=torch.Generator().manual_seed(ctx.seed), loss_kwargs=tr.mcfg.get("loss_kwargs"))
+        res = masking_experiment(
+            tr.model,
+            batch,
+            adv[:, None].expand_as(batch.response_mask).clone(),
+            batch.response_mask,
+            tr.loss_fn,
+            lr=lr,
+            params=p,
+            n_candidates=n_candidates,
+            low_conf_p=low_conf_p,
+            candidate_max_p=candidate_max_p,
+            pool=pool,
+            generator=torch.Generator().manual_seed(ctx.seed),
+            loss_kwargs=tr.mcfg.get("loss_kwargs"),
+        )
         out["updates"][p] = {k: v for k, v in res.items() if k != "candidates"}
     return out
 
 
-PAPER_TABLE1 = {"random": (50.60, 50.21), "same": (66.20, 66.41), "lowconf": (44.20, 43.04),
-                "same_lowconf": (74.12, 75.00)}
+PAPER_TABLE1 = {
+    "random": (50.60, 50.21),
+    "same": (66.20, 66.41),
+    "lowconf": (44.20, 43.04),
+    "same_lowconf": (74.12, 75.00),
+}
 """The paper's Boost Rates (LM-head, full) per masked set [paper Table 1]; Mean Boosts are lost in our copy."""
 
 
 def markdown(result: dict) -> str:
     ps = list(result["updates"])
     head = " | ".join(f"{p}: Boost Rate | {p}: Mean Boost | {p}: set size" for p in ps)
-    lines = [f"Coupling masking (Table 1): plain SGD, lr = {result['lr']}, masked tokens drawn from the "
-             f"{result['pool']} pool; low confidence = p < {result['low_conf_p']}. Paper Boost Rate (LM-head / full) "
-             "in the last column, for reference only (tiny model, synthetic data).", "",
-             f"| masked set | {head} | paper |", "|---|" + "---|" * (3 * len(ps)) + "---|"]
+    lines = [
+        f"Coupling masking (Table 1): plain SGD, lr = {result['lr']}, masked tokens drawn from the "
+        f"{result['pool']} pool; low confidence = p < {result['low_conf_p']}. Paper Boost Rate (LM-head / full) "
+        "in the last column, for reference only (tiny model, synthetic data).",
+        "",
+        f"| masked set | {head} | paper |",
+        "|---|" + "---|" * (3 * len(ps)) + "---|",
+    ]
     for s in SETS:
         cells = " | ".join(_cells(result["updates"][p]["sets"][s]) for p in ps)
         lines.append(f"| {s} | {cells} | {PAPER_TABLE1[s][0]:.2f} / {PAPER_TABLE1[s][1]:.2f} |")
@@ -388,10 +461,19 @@ def plot(result: dict, png) -> None:
     ps = list(result["updates"])
     w = 0.8 / (len(ps) + 1)
     for k, p in enumerate(ps):
-        ax.bar([i + k * w for i in range(len(SETS))], [result["updates"][p]["sets"][s]["boost_rate"] for s in SETS],
-               width=w, label=f"ours: {p}")
-    ax.bar([i + len(ps) * w for i in range(len(SETS))], [PAPER_TABLE1[s][0] for s in SETS], width=w, color="#bbbbbb",
-           label="paper (LM head)")
+        ax.bar(
+            [i + k * w for i in range(len(SETS))],
+            [result["updates"][p]["sets"][s]["boost_rate"] for s in SETS],
+            width=w,
+            label=f"ours: {p}",
+        )
+    ax.bar(
+        [i + len(ps) * w for i in range(len(SETS))],
+        [PAPER_TABLE1[s][0] for s in SETS],
+        width=w,
+        color="#bbbbbb",
+        label="paper (LM head)",
+    )
     ax.axhline(50, color="k", lw=0.8, ls="--")
     ax.set_xticks([i + w * len(ps) / 2 for i in range(len(SETS))], list(SETS))
     ax.set_ylabel("Boost Rate (%)")

@@ -218,8 +218,13 @@ def coupled_outcomes(
             for j in range(K):
                 c[j, t] = c[j, t + 1] if same[j, t] else dev_of[(i, t, j)]
         C.append(c)
-    return {"C": C, "pairs": int(sum(K * len(r) for r in responses)), "deviations": len(dev_items),
-            "decoded_tokens": decoded, "rewards": [float(r) for r in own]}
+    return {
+        "C": C,
+        "pairs": int(sum(K * len(r) for r in responses)),
+        "deviations": len(dev_items),
+        "decoded_tokens": decoded,
+        "rewards": [float(r) for r in own],
+    }
 
 
 def token_truth(C: Sequence[Tensor]) -> dict[str, list[Tensor]]:
@@ -268,8 +273,9 @@ def top_set(x: np.ndarray, frac: float) -> np.ndarray:
     return (a >= np.quantile(a, 1.0 - frac)) & (a > 0)
 
 
-def fidelity_metrics(credit: np.ndarray, truth: np.ndarray, *, top_frac: float = 0.1, null_eps: float = 0.05
-                     ) -> dict[str, float]:
+def fidelity_metrics(
+    credit: np.ndarray, truth: np.ndarray, *, top_frac: float = 0.1, null_eps: float = 0.05
+) -> dict[str, float]:
     """Fidelity of one credit map to the true token advantages (module docstring, "Metrics").
 
     credit, truth: float arrays over the same tokens. spearman: Spearman(credit, truth); precision / recall:
@@ -283,8 +289,13 @@ def _truth_view(truth: np.ndarray, top_frac: float, null_eps: float) -> dict[str
     """What every credit map's metrics need of the truth, computed once: centred ranks, top set, null mask."""
     a = np.asarray(truth, dtype=np.float64)
     r = _ranks(a) - (a.size + 1) / 2.0 if a.size else a
-    return {"ranks": r, "norm": math.sqrt(float((r * r).sum())), "top": top_set(a, top_frac),
-            "null": np.abs(a) < null_eps, "n": a.size}
+    return {
+        "ranks": r,
+        "norm": math.sqrt(float((r * r).sum())),
+        "top": top_set(a, top_frac),
+        "null": np.abs(a) < null_eps,
+        "n": a.size,
+    }
 
 
 def _metrics(c: np.ndarray, tv: dict[str, Any], top_frac: float) -> dict[str, float]:
@@ -299,11 +310,14 @@ def _metrics(c: np.ndarray, tv: dict[str, Any], top_frac: float) -> dict[str, fl
     both = float((T & P).sum())
     mass = np.abs(c)
     total = float(mass.sum())
-    return {"spearman": rho,
-            "precision": both / P.sum() if P.any() else nan,
-            "recall": both / T.sum() if T.any() else nan,
-            "null_share": float(mass[tv["null"]].sum()) / total if total > 0 else nan,
-            "n_top": int(T.sum()), "n_pred": int(P.sum())}
+    return {
+        "spearman": rho,
+        "precision": both / P.sum() if P.any() else nan,
+        "recall": both / T.sum() if T.any() else nan,
+        "null_share": float(mass[tv["null"]].sum()) / total if total > 0 else nan,
+        "n_top": int(T.sum()),
+        "n_pred": int(P.sum()),
+    }
 
 
 METRICS = ("spearman", "precision", "recall", "null_share")
@@ -323,10 +337,19 @@ def _clean(c: np.ndarray) -> np.ndarray:
     return np.round(c / top, 6) if top > 0 else c
 
 
-def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, clusters: np.ndarray, *,
-                       half1: np.ndarray | None = None, half2: np.ndarray | None = None, baseline: str | None = None,
-                       top_frac: float = 0.1, null_eps: float = 0.05, n_boot: int = 1000, seed: int = 0
-                       ) -> dict[str, Any]:
+def bootstrap_fidelity(
+    credits: dict[str, np.ndarray],
+    truth: np.ndarray,
+    clusters: np.ndarray,
+    *,
+    half1: np.ndarray | None = None,
+    half2: np.ndarray | None = None,
+    baseline: str | None = None,
+    top_frac: float = 0.1,
+    null_eps: float = 0.05,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Every credit map's :func:`fidelity_metrics` with 95% percentile bootstrap CIs resampling ``clusters`` (one
     id per token: its prompt group) with replacement; the same resamples for every map, so the differences to
     ``baseline`` are paired. With ``half1`` / ``half2`` (two independent estimates of ``truth``): the split-half
@@ -346,8 +369,11 @@ def bootstrap_fidelity(credits: dict[str, np.ndarray], truth: np.ndarray, cluste
     def ceil_of(h1: np.ndarray, h2: np.ndarray) -> dict[str, float]:
         r = spearman(h1, h2)
         sb = 2 * r / (1 + r) if np.isfinite(r) and r > -1 else float("nan")
-        return {"split_half": r, "spearman_brown": sb,
-                "ceiling": math.sqrt(sb) if np.isfinite(sb) and sb > 0 else float("nan")}
+        return {
+            "split_half": r,
+            "spearman_brown": sb,
+            "ceiling": math.sqrt(sb) if np.isfinite(sb) and sb > 0 else float("nan"),
+        }
 
     out: dict[str, Any] = {"methods": {}, "n_clusters": len(ids), "n_tokens": int(truth.size)}
     point = {m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps) for m, c in credits.items()}
@@ -382,8 +408,9 @@ def signed_credit(mcfg: dict[str, Any], inputs: CreditInputs, rewards: Tensor, l
     ``advantages`` are replaced by the method's own), at policy log-probs ``logp`` (Tensor[B, T]; ``inputs.old_logp``
     for ratio 1). rewards: Tensor[B]. Returns Tensor[B, T] float64, 0 on padding."""
     gids = inputs.group_ids
-    adv = registry.get("advantage", mcfg["advantage"])(rewards.to(gids.device), gids,
-                                                      **(mcfg.get("advantage_kwargs") or {})).float()
+    adv = registry.get("advantage", mcfg["advantage"])(
+        rewards.to(gids.device), gids, **(mcfg.get("advantage_kwargs") or {})
+    ).float()
     batch = dataclasses.replace(inputs, advantages=adv)
     weights = compose_credit(method_entries("credit", mcfg.get("credit")), batch)
     batch = dataclasses.replace(batch, rng=_reseed(inputs.rng))
@@ -440,8 +467,15 @@ def check_entries(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError(f"methods[{k}] ({label!r}): policy {policy!r}; valid: {list(POLICIES)}")
         if not isinstance(e.get("overrides", []), list):
             raise ValueError(f"methods[{k}] ({label!r}): overrides must be a list")
-        out.append({"label": label, "kind": what[0], "name": str(e[what[0]]),
-                    "overrides": [str(o) for o in e.get("overrides", [])], "policy": policy})
+        out.append(
+            {
+                "label": label,
+                "kind": what[0],
+                "name": str(e[what[0]]),
+                "overrides": [str(o) for o in e.get("overrides", [])],
+                "policy": policy,
+            }
+        )
     return out
 
 
@@ -457,19 +491,23 @@ def _reward_fn(trainer) -> Callable[[list[list[int]], list[Any]], list[float]]:
     def fn(token_lists: list[list[int]], golds: list[Any]) -> list[float]:
         texts = trainer.tok.batch_decode(token_lists, skip_special_tokens=True) if token_lists else []
         unique = list(dict.fromkeys(zip(texts, golds)))
-        scored = dict(zip(unique, trainer.scorer.score([u[0] for u in unique], [u[1] for u in unique]))) \
-            if unique else {}
+        scored = (
+            dict(zip(unique, trainer.scorer.score([u[0] for u in unique], [u[1] for u in unique]))) if unique else {}
+        )
         out = [float(scored[k]) for k in zip(texts, golds)]
         if ol["enable"]:
-            out = [r + overlong_penalty(len(ids), t["max_new_tokens"], ol["buffer"], ol["penalty"])
-                   for r, ids in zip(out, token_lists)]
+            out = [
+                r + overlong_penalty(len(ids), t["max_new_tokens"], ol["buffer"], ol["penalty"])
+                for r, ids in zip(out, token_lists)
+            ]
         return out
 
     return fn
 
 
-def choose_subset(group_ids: Sequence[int], rewards: Sequence[float], groups: int, per_group: int, seed: int
-                  ) -> list[int]:
+def choose_subset(
+    group_ids: Sequence[int], rewards: Sequence[float], groups: int, per_group: int, seed: int
+) -> list[int]:
     """Rows of the truth: ``groups`` prompt groups drawn (seeded) among the informative ones (rewards not all
     equal: every method gives a group of equal rewards zero credit), ``per_group`` rollouts drawn in each (all when
     the group is smaller). Sorted row indices."""
@@ -488,9 +526,21 @@ def choose_subset(group_ids: Sequence[int], rewards: Sequence[float], groups: in
 
 
 # ----------------------------------------------------------------------------------------------------- the analysis
-def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: list | None = None,
-            baseline: str | None = None, top_frac: float = 0.1, null_eps: float = 0.05, n_boot: int = 1000,
-            planted_length: int = 8, step: int | None = None, max_decode_tokens: float = 1.0e8) -> dict[str, Any]:
+def analyze(
+    ctx,
+    *,
+    K: int = 16,
+    groups: int = 16,
+    per_group: int = 4,
+    methods: list | None = None,
+    baseline: str | None = None,
+    top_frac: float = 0.1,
+    null_eps: float = 0.05,
+    n_boot: int = 1000,
+    planted_length: int = 8,
+    step: int | None = None,
+    max_decode_tokens: float = 1.0e8,
+) -> dict[str, Any]:
     """Credit fidelity of every entry of ``methods`` (default :data:`DEFAULT_METHODS`) on rollout batch ``step``
     (default: the trainer's step, i.e. the batch the run trains on next) of the context's policy; the truth on
     ``groups`` informative prompt groups x ``per_group`` rollouts with K coupled continuations per prefix; the
@@ -499,11 +549,14 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     (`creditlab.analysis.plan_checks.credit_fidelity_cost`) exceeds it; the plan leaves it out there too."""
     from creditlab.analysis.plan_checks import credit_fidelity_cost
 
-    cost = credit_fidelity_cost(dict(K=K, groups=groups, per_group=per_group, planted_length=planted_length),
-                                {"trainer": ctx.trainer.tcfg})
+    cost = credit_fidelity_cost(
+        dict(K=K, groups=groups, per_group=per_group, planted_length=planted_length), {"trainer": ctx.trainer.tcfg}
+    )
     if cost["worst_decoded_tokens"] > max_decode_tokens:
-        raise ValueError(f"credit_fidelity: worst case {cost['worst_decoded_tokens']:.3g} decoded tokens > "
-                         f"max_decode_tokens={max_decode_tokens:.3g}")
+        raise ValueError(
+            f"credit_fidelity: worst case {cost['worst_decoded_tokens']:.3g} decoded tokens > "
+            f"max_decode_tokens={max_decode_tokens:.3g}"
+        )
     entries = check_entries(list(methods) if methods is not None else list(DEFAULT_METHODS))
     baseline = baseline or entries[0]["label"]
     if baseline not in {e["label"] for e in entries}:
@@ -522,8 +575,9 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     model = tr.model
     device = tr.device
     batch = pack(ro.prompts, ro.responses, tr.tok.pad_token_id)
-    topk = max([int(kw.get("topk") or 0) for e in entries if e["kind"] != "criterion"
-                for kw in _credit_kwargs(ctx, e)] + [0])
+    topk = max(
+        [int(kw.get("topk") or 0) for e in entries if e["kind"] != "criterion" for kw in _credit_kwargs(ctx, e)] + [0]
+    )
     was = model.training
     model.eval()
     with torch.no_grad():
@@ -533,11 +587,21 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     mask = batch.response_mask.to(device)
     rewards = torch.tensor(ro.rewards, dtype=torch.float32)
     gids = torch.tensor(ro.group_ids, dtype=torch.long, device=device)
-    inputs = CreditInputs(responses=batch.responses.to(device), mask=mask, old_logp=old.logp, advantages=None,
-                          group_ids=gids, hidden=old.hidden, entropy=old.entropy, topk_logp=old.topk_logp,
-                          topk_ids=old.topk_ids, lm_head=model.get_output_embeddings().weight.detach(),
-                          rng=torch.Generator().manual_seed(seed * 1_000_003 + step), ref_logp=ref_logp,
-                          base_hidden=ref_hidden)
+    inputs = CreditInputs(
+        responses=batch.responses.to(device),
+        mask=mask,
+        old_logp=old.logp,
+        advantages=None,
+        group_ids=gids,
+        hidden=old.hidden,
+        entropy=old.entropy,
+        topk_logp=old.topk_logp,
+        topk_ids=old.topk_ids,
+        lm_head=model.get_output_embeddings().weight.detach(),
+        rng=torch.Generator().manual_seed(seed * 1_000_003 + step),
+        ref_logp=ref_logp,
+        base_hidden=ref_hidden,
+    )
     moved_logp = None
     if any(e["policy"] == "moved" for e in entries):
         from creditlab.analysis.flipping import update_shifts
@@ -549,8 +613,10 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     # ---- the truth's rows, and every method's credit
     rows = choose_subset(ro.group_ids, ro.rewards, groups, per_group, seed)
     if not rows:
-        raise ValueError(f"rollout batch {step} has no informative group (every group's rewards tie): no method "
-                         f"gives any token credit there; mean reward {float(np.mean(ro.scores)):.3f}")
+        raise ValueError(
+            f"rollout batch {step} has no informative group (every group's rewards tie): no method "
+            f"gives any token credit there; mean reward {float(np.mean(ro.scores)):.3f}"
+        )
     t2 = time.perf_counter()
     credit_rows: dict[str, Tensor] = {}
     for e in entries:
@@ -569,9 +635,21 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     Rsp = [ro.responses[i] for i in rows]
     G = [ro.golds[i] for i in rows]
     model.eval()
-    mc = coupled_outcomes(model, P, Rsp, G, reward_fn, K=K, max_new_tokens=t["max_new_tokens"],
-                          temperature=t["temperature"], top_p=t["top_p"], eos_id=tr.stop_ids,
-                          pad_id=tr.tok.pad_token_id, seed=seed, progress=tr.progress)
+    mc = coupled_outcomes(
+        model,
+        P,
+        Rsp,
+        G,
+        reward_fn,
+        K=K,
+        max_new_tokens=t["max_new_tokens"],
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        eos_id=tr.stop_ids,
+        pad_id=tr.tok.pad_token_id,
+        seed=seed,
+        progress=tr.progress,
+    )
     model.train(was)
     truth = token_truth(mc["C"])
     timing["truth"] = time.perf_counter() - t3
@@ -584,14 +662,36 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     h1, h2 = flat(truth["half1"]), flat(truth["half2"])
     clusters = np.concatenate([[int(ro.group_ids[i])] * n for i, n in zip(rows, lens)]).astype(np.int64)
     credits = {lab: np.concatenate([c[k, :n].numpy() for k, n in enumerate(lens)]) for lab, c in credit_rows.items()}
-    fid = bootstrap_fidelity(credits, a, clusters, half1=h1, half2=h2, baseline=baseline, top_frac=top_frac,
-                             null_eps=null_eps, n_boot=n_boot, seed=seed)
+    fid = bootstrap_fidelity(
+        credits,
+        a,
+        clusters,
+        half1=h1,
+        half2=h2,
+        baseline=baseline,
+        top_frac=top_frac,
+        null_eps=null_eps,
+        n_boot=n_boot,
+        seed=seed,
+    )
     timing["metrics"] = time.perf_counter() - t4
 
     t5 = time.perf_counter()
-    planted = planted_check(model, P, Rsp, K=K, length=planted_length, temperature=t["temperature"],
-                            top_p=t["top_p"], eos_id=tr.stop_ids, pad_id=tr.tok.pad_token_id, seed=seed,
-                            top_frac=top_frac, null_eps=null_eps, n_boot=n_boot)
+    planted = planted_check(
+        model,
+        P,
+        Rsp,
+        K=K,
+        length=planted_length,
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        eos_id=tr.stop_ids,
+        pad_id=tr.tok.pad_token_id,
+        seed=seed,
+        top_frac=top_frac,
+        null_eps=null_eps,
+        n_boot=n_boot,
+    )
     model.train(was)
     timing["planted"] = time.perf_counter() - t5
     timing["total"] = time.perf_counter() - t0
@@ -599,25 +699,44 @@ def analyze(ctx, *, K: int = 16, groups: int = 16, per_group: int = 4, methods: 
     own = np.array(mc["rewards"])
     sub_rewards = np.array([ro.rewards[i] for i in rows])
     for e in entries:
-        fid["methods"][e["label"]] |= {"kind": e["kind"], "name": e["name"], "overrides": e["overrides"],
-                                       "policy": e["policy"]}
+        fid["methods"][e["label"]] |= {
+            "kind": e["kind"],
+            "name": e["name"],
+            "overrides": e["overrides"],
+            "policy": e["policy"],
+        }
     return {
-        "kind": "credit_fidelity", "K": K, "step": step, "baseline": baseline, "top_frac": top_frac,
-        "null_eps": null_eps, "n_boot": n_boot, "reference": reference,
-        "batch": {"rollouts": len(ro.responses), "groups": len(set(ro.group_ids)),
-                  "informative_groups": _informative_groups(ro.group_ids, ro.rewards),
-                  "reward_mean": float(np.mean(ro.scores))},
-        "truth": {"rollouts": len(rows), "groups": fid["n_clusters"], "tokens": int(a.size),
-                  "pairs": mc["pairs"], "deviations": mc["deviations"], "decoded_tokens": mc["decoded_tokens"],
-                  "se_mean": float(se.mean()) if se.size else float("nan"),
-                  "se_median": float(np.median(se)) if se.size else float("nan"),
-                  "se_max": float(se.max()) if se.size else float("nan"),
-                  "se_mean_nonzero": float(se[a != 0].mean()) if (a != 0).any() else float("nan"),
-                  "zero_frac": float((a == 0).mean()) if a.size else float("nan"),
-                  "null_frac": float((np.abs(a) < null_eps).mean()) if a.size else float("nan"),
-                  "abs_adv_mean": float(np.abs(a).mean()) if a.size else float("nan"),
-                  "reward_check_max_abs": float(np.abs(own - sub_rewards).max()) if own.size else 0.0,
-                  "value_prompt_mean": float(np.mean([v[0].item() for v in truth["value"]]))},
+        "kind": "credit_fidelity",
+        "K": K,
+        "step": step,
+        "baseline": baseline,
+        "top_frac": top_frac,
+        "null_eps": null_eps,
+        "n_boot": n_boot,
+        "reference": reference,
+        "batch": {
+            "rollouts": len(ro.responses),
+            "groups": len(set(ro.group_ids)),
+            "informative_groups": _informative_groups(ro.group_ids, ro.rewards),
+            "reward_mean": float(np.mean(ro.scores)),
+        },
+        "truth": {
+            "rollouts": len(rows),
+            "groups": fid["n_clusters"],
+            "tokens": int(a.size),
+            "pairs": mc["pairs"],
+            "deviations": mc["deviations"],
+            "decoded_tokens": mc["decoded_tokens"],
+            "se_mean": float(se.mean()) if se.size else float("nan"),
+            "se_median": float(np.median(se)) if se.size else float("nan"),
+            "se_max": float(se.max()) if se.size else float("nan"),
+            "se_mean_nonzero": float(se[a != 0].mean()) if (a != 0).any() else float("nan"),
+            "zero_frac": float((a == 0).mean()) if a.size else float("nan"),
+            "null_frac": float((np.abs(a) < null_eps).mean()) if a.size else float("nan"),
+            "abs_adv_mean": float(np.abs(a).mean()) if a.size else float("nan"),
+            "reward_check_max_abs": float(np.abs(own - sub_rewards).max()) if own.size else 0.0,
+            "value_prompt_mean": float(np.mean([v[0].item() for v in truth["value"]])),
+        },
         "ceiling": fid.get("ceiling"),
         "methods": [fid["methods"][e["label"]] | {"label": e["label"]} for e in entries],
         "planted": planted,
@@ -634,8 +753,10 @@ def _informative_groups(group_ids: Sequence[int], rewards: Sequence[float]) -> i
 
 def _credit_kwargs(ctx, e: dict[str, Any]) -> list[dict[str, Any]]:
     mcfg = ctx.method_config(e["kind"], e["name"], e["overrides"])
-    return [{k: v for k, v in c.items() if k != "name"} for c in (mcfg.get("credit") or []) + (mcfg.get("token_filter")
-                                                                                              or [])]
+    return [
+        {k: v for k, v in c.items() if k != "name"}
+        for c in (mcfg.get("credit") or []) + (mcfg.get("token_filter") or [])
+    ]
 
 
 def _reference_pass(ctx, batch, old) -> tuple[Tensor, Tensor, str]:
@@ -648,8 +769,14 @@ def _reference_pass(ctx, batch, old) -> tuple[Tensor, Tensor, str]:
         return ref.logp, ref.hidden, "the policy with its LoRA adapter disabled"
     ref_model = ctx.reference() if getattr(ctx, "reference", None) is not None else None
     if ref_model is None:
-        return old.logp, old.hidden, ("the policy itself (start: base, no adapter): residual and divergence are 0, "
-                                      "ARCA's weights uniform by its eps floor; the Δlog p direction is 0")
+        return (
+            old.logp,
+            old.hidden,
+            (
+                "the policy itself (start: base, no adapter): residual and divergence are 0, "
+                "ARCA's weights uniform by its eps floor; the Δlog p direction is 0"
+            ),
+        )
     ref_model = ref_model.to(tr.device).eval()
     with torch.no_grad():
         ref = response_forward(ref_model, batch, with_hidden=True)
@@ -678,9 +805,22 @@ def _criterion_rows(ctx, name: str, ro, rows: list[int], reference: str) -> Tens
 
 
 # ------------------------------------------------------------------------------------------------------ planted check
-def planted_check(model, prompts, responses, *, K: int, length: int, temperature: float, top_p: float,
-                  eos_id, pad_id: int, seed: int, top_frac: float = 0.1, null_eps: float = 0.05,
-                  n_boot: int = 1000) -> dict[str, Any]:
+def planted_check(
+    model,
+    prompts,
+    responses,
+    *,
+    K: int,
+    length: int,
+    temperature: float,
+    top_p: float,
+    eos_id,
+    pad_id: int,
+    seed: int,
+    top_frac: float = 0.1,
+    null_eps: float = 0.05,
+    n_boot: int = 1000,
+) -> dict[str, Any]:
     """The check that the metric can fail (module docstring, "Planted check"). prompts, responses: the rollouts.
 
     Rollout i is cut at c_i = its highest-entropy position under the sampling distribution; planted prompt = prompt
@@ -709,8 +849,20 @@ def planted_check(model, prompts, responses, *, K: int, length: int, temperature
     def planted_reward(token_lists: list[list[int]], marks: list[int]) -> list[float]:
         return [float(bool(ids) and ids[0] == m) for ids, m in zip(token_lists, marks)]
 
-    mc = coupled_outcomes(model, P2, R2, S, planted_reward, K=K, max_new_tokens=length, temperature=temperature,
-                          top_p=top_p, eos_id=eos_id, pad_id=pad_id, seed=seed + 7919)
+    mc = coupled_outcomes(
+        model,
+        P2,
+        R2,
+        S,
+        planted_reward,
+        K=K,
+        max_new_tokens=length,
+        temperature=temperature,
+        top_p=top_p,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        seed=seed + 7919,
+    )
     truth = token_truth(mc["C"])
     lens = [len(r) for r in R2]
     a = np.concatenate([x.numpy() for x in truth["adv"]])
@@ -719,22 +871,35 @@ def planted_check(model, prompts, responses, *, K: int, length: int, temperature
     spread = np.concatenate([[float(r[0] == s) - p] * n for r, s, p, n in zip(R2, S, pS, lens)])
     shuffled = oracle[np.random.default_rng([seed, 5]).permutation(oracle.size)]
     clusters = np.concatenate([[k] * n for k, n in enumerate(lens)])
-    fid = bootstrap_fidelity({"oracle": oracle, "shuffled oracle": shuffled, "sequence advantage spread": spread}, a,
-                             clusters, half1=np.concatenate([x.numpy() for x in truth["half1"]]),
-                             half2=np.concatenate([x.numpy() for x in truth["half2"]]), baseline=None,
-                             top_frac=top_frac, null_eps=null_eps, n_boot=n_boot, seed=seed)
+    fid = bootstrap_fidelity(
+        {"oracle": oracle, "shuffled oracle": shuffled, "sequence advantage spread": spread},
+        a,
+        clusters,
+        half1=np.concatenate([x.numpy() for x in truth["half1"]]),
+        half2=np.concatenate([x.numpy() for x in truth["half2"]]),
+        baseline=None,
+        top_frac=top_frac,
+        null_eps=null_eps,
+        n_boot=n_boot,
+        seed=seed,
+    )
     starts = np.cumsum([0] + lens[:-1])
     after = np.ones(a.size, dtype=bool)
     after[starts] = False
     err0 = a[starts] - oracle[starts]
     se0 = se[starts]
-    return {"rollouts": len(R2), "tokens": int(a.size), "length": length, "p_mark_mean": float(np.mean(pS)),
-            "methods": fid["methods"], "ceiling": fid.get("ceiling"),
-            "max_abs_after_first": float(np.abs(a[after]).max()) if after.any() else 0.0,
-            "first_token_error_mean": float(err0.mean()),
-            "first_token_z": float(err0.mean() / (np.sqrt((se0 ** 2).sum()) / len(se0))) if (se0 > 0).any()
-            else float("nan"),
-            "decoded_tokens": mc["decoded_tokens"]}
+    return {
+        "rollouts": len(R2),
+        "tokens": int(a.size),
+        "length": length,
+        "p_mark_mean": float(np.mean(pS)),
+        "methods": fid["methods"],
+        "ceiling": fid.get("ceiling"),
+        "max_abs_after_first": float(np.abs(a[after]).max()) if after.any() else 0.0,
+        "first_token_error_mean": float(err0.mean()),
+        "first_token_z": float(err0.mean() / (np.sqrt((se0**2).sum()) / len(se0))) if (se0 > 0).any() else float("nan"),
+        "decoded_tokens": mc["decoded_tokens"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ outputs
@@ -807,17 +972,25 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for m in result["methods"]:
-        lines.append(f"| {m['label']} | {_fci(m, 'spearman')} | {_fci(m, 'delta_spearman', signed=True)} | "
-                     f"{_verdict(m) if m['label'] != result['baseline'] else 'baseline'} | {_fci(m, 'precision')} | "
-                     f"{_fci(m, 'recall')} | {_fci(m, 'null_share')} |")
+        lines.append(
+            f"| {m['label']} | {_fci(m, 'spearman')} | {_fci(m, 'delta_spearman', signed=True)} | "
+            f"{_verdict(m) if m['label'] != result['baseline'] else 'baseline'} | {_fci(m, 'precision')} | "
+            f"{_fci(m, 'recall')} | {_fci(m, 'null_share')} |"
+        )
     p = result["planted"]
     pc = p.get("ceiling") or {}
-    lines += ["", f"Planted check ({p['rollouts']} rollouts cut at their highest-entropy token, {p['length']} tokens, "
-              f"reward = 1 iff the first token is the policy's mode there, mean p(mode) {_f(p['p_mark_mean'])}; same "
-              f"estimator, K = {result['K']}): ceiling {_fci(pc, 'ceiling')}; max |A_hat| after the marked token "
-              f"{_f(p['max_abs_after_first'])} (0 by construction); first-token error {_f(p['first_token_error_mean'], signed=True)} "
-              f"(z = {_f(p['first_token_z'], 2, signed=True)}).", "",
-              "| planted credit | Spearman ρ | precision@top10% | credit share on ~0 |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Planted check ({p['rollouts']} rollouts cut at their highest-entropy token, {p['length']} tokens, "
+        f"reward = 1 iff the first token is the policy's mode there, mean p(mode) {_f(p['p_mark_mean'])}; same "
+        f"estimator, K = {result['K']}): ceiling {_fci(pc, 'ceiling')}; max |A_hat| after the marked token "
+        f"{_f(p['max_abs_after_first'])} (0 by construction); first-token error "
+        f"{_f(p['first_token_error_mean'], signed=True)} "
+        f"(z = {_f(p['first_token_z'], 2, signed=True)}).",
+        "",
+        "| planted credit | Spearman ρ | precision@top10% | credit share on ~0 |",
+        "|---|---|---|---|",
+    ]
     for name, m in p["methods"].items():
         lines.append(f"| {name} | {_fci(m, 'spearman')} | {_fci(m, 'precision')} | {_fci(m, 'null_share')} |")
     lines += ["", "Cost (s): " + ", ".join(f"{k} {v:.1f}" for k, v in s.items()) + "."]
@@ -834,9 +1007,11 @@ def plot(result: dict[str, Any], png) -> None:
     labels = [m["label"] for m in ms]
     y = np.arange(len(ms))[::-1]
     fig, axes = plt.subplots(1, 3, figsize=(14, 0.32 * len(ms) + 1.8), sharey=True)
-    for ax, key, title in zip(axes, ("spearman", "precision", "null_share"),
-                              ("Spearman ρ(credit, true advantage)", "precision, top-decile tokens",
-                               "credit share on ~0-advantage tokens")):
+    for ax, key, title in zip(
+        axes,
+        ("spearman", "precision", "null_share"),
+        ("Spearman ρ(credit, true advantage)", "precision, top-decile tokens", "credit share on ~0-advantage tokens"),
+    ):
         v = np.array([m[key] for m in ms], dtype=float)
         lo = np.array([m[f"{key}_ci"][0] for m in ms], dtype=float)
         hi = np.array([m[f"{key}_ci"][1] for m in ms], dtype=float)
@@ -853,8 +1028,11 @@ def plot(result: dict[str, Any], png) -> None:
             ax.legend(loc="lower right", fontsize=7)
         ax.set_title(title, fontsize=9)
     axes[0].set_yticks(y, labels, fontsize=8)
-    fig.suptitle(f"Credit fidelity: {result['truth']['tokens']} tokens of {result['truth']['rollouts']} rollouts, "
-                 f"K = {result['K']}", fontsize=10)
+    fig.suptitle(
+        f"Credit fidelity: {result['truth']['tokens']} tokens of {result['truth']['rollouts']} rollouts, "
+        f"K = {result['K']}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)

@@ -38,8 +38,15 @@ def permutation_spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -
     return rho, (1 + hits) / (1 + n_perm)
 
 
-def analyze(ctx, *, fidelity: list = ["credit_fidelity"], table: str = "main", column: str = "Claim vs DAPO",
-            metric: str = "spearman", n_perm: int = 10000) -> dict[str, Any]:
+def analyze(
+    ctx,
+    *,
+    fidelity: list = ["credit_fidelity"],
+    table: str = "main",
+    column: str = "Claim vs DAPO",
+    metric: str = "spearman",
+    n_perm: int = 10000,
+) -> dict[str, Any]:
     """The fidelity of each method (``metric`` of each analysis in ``fidelity``) against its accuracy difference in
     ``column`` of ``table`` (see the module docstring)."""
     import pandas as pd
@@ -49,11 +56,20 @@ def analyze(ctx, *, fidelity: list = ["credit_fidelity"], table: str = "main", c
 
     fill = dict(results=ctx.results, scale=ctx.scale, paper=ctx.paper)
     csv = paths.fmt(paths.TABLE_CSV, table=table, **fill)
-    out: dict[str, Any] = {"kind": "fidelity_gains", "table": f"{ctx.paper}/{table}", "column": column,
-                           "metric": metric, "n_perm": n_perm, "table_csv": str(csv), "studies": []}
+    out: dict[str, Any] = {
+        "kind": "fidelity_gains",
+        "table": f"{ctx.paper}/{table}",
+        "column": column,
+        "metric": metric,
+        "n_perm": n_perm,
+        "table_csv": str(csv),
+        "studies": [],
+    }
     if not csv.is_file():
-        out["status"] = (f"not built: the table {ctx.paper}/{table} has no results at {csv} (build it, e.g. "
-                         f"`snakemake --cores 2 --config papers=[{ctx.paper}]`): no gain to compare with")
+        out["status"] = (
+            f"not built: the table {ctx.paper}/{table} has no results at {csv} (build it, e.g. "
+            f"`snakemake --cores 2 --config papers=[{ctx.paper}]`): no gain to compare with"
+        )
         return out
     df = pd.read_csv(csv)
     sub = df[df["column"] == column]
@@ -65,9 +81,15 @@ def analyze(ctx, *, fidelity: list = ["credit_fidelity"], table: str = "main", c
         ref = str(getattr(r, "verdict", "")) == "reference"
         mean = 0.0 if ref else float(r.ours_mean)
         if math.isfinite(mean):
-            gains[str(r.run)] = {"row": str(r.row), "gain": mean, "gain_lo": 0.0 if ref else float(r.ours_lo),
-                                 "gain_hi": 0.0 if ref else float(r.ours_hi), "reference": ref,
-                                 "p_adj": float(getattr(r, "p_adj", float("nan"))), "unit": str(r.unit)}
+            gains[str(r.run)] = {
+                "row": str(r.row),
+                "gain": mean,
+                "gain_lo": 0.0 if ref else float(r.ours_lo),
+                "gain_hi": 0.0 if ref else float(r.ours_hi),
+                "reference": ref,
+                "p_adj": float(getattr(r, "p_adj", float("nan"))),
+                "unit": str(r.unit),
+            }
     out["status"] = "built"
     for k, name in enumerate(fidelity):
         js = paths.fmt(paths.ANALYSIS_JSON, analysis=name, **fill)
@@ -83,8 +105,15 @@ def analyze(ctx, *, fidelity: list = ["credit_fidelity"], table: str = "main", c
             x = m.get(metric)
             if x is None or not math.isfinite(float(x)):
                 continue
-            pts.append({"label": m["label"], "run": m["name"], "fidelity": float(x),
-                        "fidelity_ci": m.get(f"{metric}_ci"), **gains[m["name"]]})
+            pts.append(
+                {
+                    "label": m["label"],
+                    "run": m["name"],
+                    "fidelity": float(x),
+                    "fidelity_ci": m.get(f"{metric}_ci"),
+                    **gains[m["name"]],
+                }
+            )
         study |= {"start": (res.get("provenance") or {}).get("start"), "points": pts, "n": len(pts)}
         if len(pts) < 3:
             study["status"] = f"too few methods with both a fidelity and a gain ({len(pts)} < 3): no test"
@@ -93,8 +122,13 @@ def analyze(ctx, *, fidelity: list = ["credit_fidelity"], table: str = "main", c
             y = np.array([p["gain"] for p in pts])
             rho, p_rho = permutation_spearman(x, y, n_perm, seed=k)
             r, p_r = pearsonr(x, y) if np.ptp(x) > 0 and np.ptp(y) > 0 else (float("nan"), float("nan"))
-            study |= {"status": "tested", "spearman": rho, "p_spearman": p_rho, "pearson": float(r),
-                      "p_pearson": float(p_r)}
+            study |= {
+                "status": "tested",
+                "spearman": rho,
+                "p_spearman": p_rho,
+                "pearson": float(r),
+                "p_pearson": float(p_r),
+            }
         out["studies"].append(study)
     return out
 
@@ -115,8 +149,10 @@ def _f(x, nd=3, signed=False) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Fidelity (`{result['metric']}` of each method's token credit against Monte Carlo token advantages) "
-             f"against the accuracy difference in column `{result['column']}` of table `{result['table']}`."]
+    lines = [
+        f"Fidelity (`{result['metric']}` of each method's token credit against Monte Carlo token advantages) "
+        f"against the accuracy difference in column `{result['column']}` of table `{result['table']}`."
+    ]
     if result["status"] != "built":
         return "\n".join(lines + ["", f"**{result['status']}**"]) + "\n"
     for s in result["studies"]:
@@ -125,18 +161,30 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"**{s['status']}**")
             continue
         if s["status"] == "tested":
-            lines.append(f"n = {s['n']} methods: Spearman ρ = {_f(s['spearman'], signed=True)} (permutation p = "
-                         f"{_f(s['p_spearman'])}, {result['n_perm']} permutations); Pearson r = "
-                         f"{_f(s['pearson'], signed=True)} (p = {_f(s['p_pearson'])}).")
+            lines.append(
+                f"n = {s['n']} methods: Spearman ρ = {_f(s['spearman'], signed=True)} (permutation p = "
+                f"{_f(s['p_spearman'])}, {result['n_perm']} permutations); Pearson r = "
+                f"{_f(s['pearson'], signed=True)} (p = {_f(s['p_pearson'])})."
+            )
         else:
             lines.append(f"**{s['status']}**")
-        lines += ["", "| method | run | fidelity | accuracy difference (table interval) | p_adj |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| method | run | fidelity | accuracy difference (table interval) | p_adj |",
+            "|---|---|---|---|---|",
+        ]
         for p in s["points"]:
             ci = p.get("fidelity_ci") or [float("nan")] * 2
-            lines.append(f"| {p['label']} | {p['run']} | {_f(p['fidelity'])} [{_f(ci[0])}, {_f(ci[1])}] | "
-                         + ("reference (0)" if p["reference"] else
-                            f"{_f(p['gain'], 2, True)} [{_f(p['gain_lo'], 2, True)}, {_f(p['gain_hi'], 2, True)}] "
-                            f"{p['unit']}") + f" | {_f(p['p_adj'])} |")
+            lines.append(
+                f"| {p['label']} | {p['run']} | {_f(p['fidelity'])} [{_f(ci[0])}, {_f(ci[1])}] | "
+                + (
+                    "reference (0)"
+                    if p["reference"]
+                    else f"{_f(p['gain'], 2, True)} [{_f(p['gain_lo'], 2, True)}, {_f(p['gain_hi'], 2, True)}] "
+                    f"{p['unit']}"
+                )
+                + f" | {_f(p['p_adj'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -149,15 +197,28 @@ def plot(result: dict[str, Any], png) -> None:
     studies = [s for s in result.get("studies", []) if s.get("points")]
     fig, axes = plt.subplots(1, max(1, len(studies)), figsize=(5.5 * max(1, len(studies)), 4.2), squeeze=False)
     if not studies:
-        axes[0][0].text(0.5, 0.5, result.get("status", "not built") if result.get("status") != "built"
-                        else "no study has points", ha="center", va="center", wrap=True, fontsize=9)
+        axes[0][0].text(
+            0.5,
+            0.5,
+            result.get("status", "not built") if result.get("status") != "built" else "no study has points",
+            ha="center",
+            va="center",
+            wrap=True,
+            fontsize=9,
+        )
         axes[0][0].set_axis_off()
     for ax, s in zip(axes[0], studies):
         for p in s["points"]:
             ci = p.get("fidelity_ci") or [p["fidelity"]] * 2
-            ax.errorbar(p["fidelity"], p["gain"], xerr=[[p["fidelity"] - ci[0]], [ci[1] - p["fidelity"]]],
-                        yerr=[[p["gain"] - p["gain_lo"]], [p["gain_hi"] - p["gain"]]], fmt="o", capsize=3,
-                        color="#264653")
+            ax.errorbar(
+                p["fidelity"],
+                p["gain"],
+                xerr=[[p["fidelity"] - ci[0]], [ci[1] - p["fidelity"]]],
+                yerr=[[p["gain"] - p["gain_lo"]], [p["gain_hi"] - p["gain"]]],
+                fmt="o",
+                capsize=3,
+                color="#264653",
+            )
             ax.annotate(p["label"], (p["fidelity"], p["gain"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.6)
         title = s["fidelity"]

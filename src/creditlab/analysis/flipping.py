@@ -75,13 +75,19 @@ def update_shifts(trainer, ro, modes: tuple[str, ...] | list[str], step: int, se
             after = response_forward(model, batch)
         deltas[mode] = (after.logp - before.logp).float().cpu()
         trainer.restore(snap)
-    return {"before_logp": before.logp.float().cpu(), "entropy": before.entropy.float().cpu(),
-            "mask": batch.response_mask.cpu(), "adv": adv.cpu(), "responses": batch.responses.cpu(),
-            "delta": deltas}
+    return {
+        "before_logp": before.logp.float().cpu(),
+        "entropy": before.entropy.float().cpu(),
+        "mask": batch.response_mask.cpu(),
+        "adv": adv.cpu(),
+        "responses": batch.responses.cpu(),
+        "delta": deltas,
+    }
 
 
-def class_shares(delta: Tensor, mask: Tensor, responses: Tensor, eps: float, decode: Callable[[int], str]
-                 ) -> dict[str, dict[str, float]]:
+def class_shares(
+    delta: Tensor, mask: Tensor, responses: Tensor, eps: float, decode: Callable[[int], str]
+) -> dict[str, dict[str, float]]:
     """Polarity probes: the share (percent) of boosted and of suppressed tokens that are reasoning vs format tokens."""
     cls = classify_shift(delta, eps)
     valid = mask.bool()
@@ -99,8 +105,9 @@ def class_shares(delta: Tensor, mask: Tensor, responses: Tensor, eps: float, dec
     return out
 
 
-def analyze(ctx, *, modes: list[str] = list(MODES), eps: float = 1e-3, uncertain_p: float = 0.9,
-            batches: int = 1) -> dict[str, Any]:
+def analyze(
+    ctx, *, modes: list[str] = list(MODES), eps: float = 1e-3, uncertain_p: float = 0.9, batches: int = 1
+) -> dict[str, Any]:
     """Token flipping (Algorithm 1) and polarity probes on ``batches`` rollout batches of the context's
     trainer (rollout steps 0.. of the run's prompt order); fractions pooled over the batches."""
     for m in modes:
@@ -127,8 +134,15 @@ def analyze(ctx, *, modes: list[str] = list(MODES), eps: float = 1e-3, uncertain
     for m in modes:
         shares = [class_shares(d, res["mask"], res["responses"], eps, ctx.decode) for res, d in zip(keep, pooled[m])]
         probes[m] = _pool_shares(shares)
-    return {"kind": "flipping", "eps": eps, "uncertain_p": uncertain_p, "batches": batches,
-            "n_rollouts": sum(int(r["adv"].numel()) for r in keep), "rows": rows, "token_classes": probes}
+    return {
+        "kind": "flipping",
+        "eps": eps,
+        "uncertain_p": uncertain_p,
+        "batches": batches,
+        "n_rollouts": sum(int(r["adv"].numel()) for r in keep),
+        "rows": rows,
+        "token_classes": probes,
+    }
 
 
 def _pool_fractions(parts, eps):
@@ -142,32 +156,49 @@ def _pool_fractions(parts, eps):
                 if v["n"]:
                     a[k] += v[k] * v["n"]
             a["n"] += v["n"]
-    return {side: {k: (a[k] / a["n"] if a["n"] else float("nan")) for k in CLASSES} | {"n": a["n"]}
-            for side, a in acc.items()}
+    return {
+        side: {k: (a[k] / a["n"] if a["n"] else float("nan")) for k in CLASSES} | {"n": a["n"]}
+        for side, a in acc.items()
+    }
 
 
 def _pool_shares(shares):
     out = {}
     for name in ("boosted", "suppressed"):
         n = sum(s[name]["n"] for s in shares)
-        out[name] = {k: (sum(s[name][k] * s[name]["n"] for s in shares if s[name]["n"]) / n if n else float("nan"))
-                     for k in ("reasoning", "format")} | {"n": n}
+        out[name] = {
+            k: (sum(s[name][k] * s[name]["n"] for s in shares if s[name]["n"]) / n if n else float("nan"))
+            for k in ("reasoning", "format")
+        } | {"n": n}
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Token flipping: one update per mode from one state; Δ log p classified with eps = {result['eps']}; "
-             f"{result['n_rollouts']} rollouts over {result['batches']} batch(es). Percent of tokens.", "",
-             "| mode | tokens | rollouts | boosted | suppressed | stable | n tokens |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Token flipping: one update per mode from one state; Δ log p classified with eps = {result['eps']}; "
+        f"{result['n_rollouts']} rollouts over {result['batches']} batch(es). Percent of tokens.",
+        "",
+        "| mode | tokens | rollouts | boosted | suppressed | stable | n tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['mode']} | {r['tokens']} | {r['rollouts']} | {r['boosted']:.1f} | {r['suppressed']:.1f} | "
-                     f"{r['stable']:.1f} | {r['n']} |")
-    lines += ["", "Polarity probes: share of boosted / suppressed tokens that are reasoning (digits, operators) vs "
-              "format tokens.", "", "| mode | boosted: reasoning | boosted: format | suppressed: reasoning | "
-              "suppressed: format |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['mode']} | {r['tokens']} | {r['rollouts']} | {r['boosted']:.1f} | {r['suppressed']:.1f} | "
+            f"{r['stable']:.1f} | {r['n']} |"
+        )
+    lines += [
+        "",
+        "Polarity probes: share of boosted / suppressed tokens that are reasoning (digits, operators) vs "
+        "format tokens.",
+        "",
+        "| mode | boosted: reasoning | boosted: format | suppressed: reasoning | suppressed: format |",
+        "|---|---|---|---|---|",
+    ]
     for m, p in result["token_classes"].items():
-        lines.append(f"| {m} | {p['boosted']['reasoning']:.1f} | {p['boosted']['format']:.1f} | "
-                     f"{p['suppressed']['reasoning']:.1f} | {p['suppressed']['format']:.1f} |")
+        lines.append(
+            f"| {m} | {p['boosted']['reasoning']:.1f} | {p['boosted']['format']:.1f} | "
+            f"{p['suppressed']['reasoning']:.1f} | {p['suppressed']['format']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +218,9 @@ def plot(result: dict[str, Any], png) -> None:
         data = {c: [] for c in CLASSES}
         for m in modes:
             for side in ("positive", "negative"):
-                r = next(x for x in result["rows"] if x["mode"] == m and x["tokens"] == subset and x["rollouts"] == side)
+                r = next(
+                    x for x in result["rows"] if x["mode"] == m and x["tokens"] == subset and x["rollouts"] == side
+                )
                 labels.append(f"{_SHORT.get(m, m)}\n{'A>0' if side == 'positive' else 'A<0'}")
                 for c in CLASSES:
                     data[c].append(r[c])

@@ -41,8 +41,11 @@ def credit_fidelity_cost(params: dict[str, Any], cfg: dict[str, Any]) -> dict[st
     t = cfg["trainer"]
     rollouts = int(p["groups"]) * min(int(p["per_group"]), int(t["group_size"]))
     L, K, Lp = int(t["max_new_tokens"]), int(p["K"]), int(p["planted_length"])
-    return {"rollouts": rollouts, "pairs": rollouts * K * L,
-            "worst_decoded_tokens": rollouts * K * (L * (L - 1) / 2 + Lp * (Lp - 1) / 2)}
+    return {
+        "rollouts": rollouts,
+        "pairs": rollouts * K * L,
+        "worst_decoded_tokens": rollouts * K * (L * (L - 1) / 2 + Lp * (Lp - 1) / 2),
+    }
 
 
 def credit_fidelity(params: dict[str, Any], cfg: dict[str, Any], plan: Any, paper: str, name: str) -> str | None:
@@ -55,15 +58,18 @@ def credit_fidelity(params: dict[str, Any], cfg: dict[str, Any], plan: Any, pape
             raise ValueError("params.methods: expected a non-empty list of {label, method | run | criterion, ...}")
         for k, e in enumerate(methods):
             if isinstance(e, dict) and e.get("run") is not None and e["run"] not in spec.runs:
-                raise ValueError(f"params.methods[{k}].run: {e['run']!r} is no run of paper {paper!r}; runs: "
-                                 f"{sorted(spec.runs)}")
+                raise ValueError(
+                    f"params.methods[{k}].run: {e['run']!r} is no run of paper {paper!r}; runs: {sorted(spec.runs)}"
+                )
     cost = credit_fidelity_cost(params, cfg)
     budget = float((analyze_defaults("credit_fidelity") | dict(params))["max_decode_tokens"])
     if cost["worst_decoded_tokens"] > budget:
-        return (f"credit_fidelity would decode up to {cost['worst_decoded_tokens']:.3g} tokens ({cost['rollouts']} "
-                f"rollouts x K x trainer.max_new_tokens={cfg['trainer']['max_new_tokens']} prefixes, each continued "
-                f"to the budget) > max_decode_tokens={budget:.3g}: size it down (fewer groups / K, a run with "
-                f"shorter responses) or raise max_decode_tokens")
+        return (
+            f"credit_fidelity would decode up to {cost['worst_decoded_tokens']:.3g} tokens ({cost['rollouts']} "
+            f"rollouts x K x trainer.max_new_tokens={cfg['trainer']['max_new_tokens']} prefixes, each continued "
+            f"to the budget) > max_decode_tokens={budget:.3g}: size it down (fewer groups / K, a run with "
+            f"shorter responses) or raise max_decode_tokens"
+        )
     return None
 
 
@@ -77,8 +83,10 @@ def fidelity_gains(params: dict[str, Any], cfg: dict[str, Any], plan: Any, paper
         raise ValueError("params.fidelity: expected a non-empty list of credit_fidelity analyses of the paper")
     for k, n in enumerate(names):
         if n not in spec.analyses or spec.analyses[n].kind != "credit_fidelity":
-            raise ValueError(f"params.fidelity[{k}]: {n!r} is no credit_fidelity analysis of paper {paper!r}; those: "
-                             f"{sorted(a for a, x in spec.analyses.items() if x.kind == 'credit_fidelity')}")
+            raise ValueError(
+                f"params.fidelity[{k}]: {n!r} is no credit_fidelity analysis of paper {paper!r}; those: "
+                f"{sorted(a for a, x in spec.analyses.items() if x.kind == 'credit_fidelity')}"
+            )
     if p["table"] not in spec.tables:
         raise ValueError(f"params.table: {p['table']!r} is no table of paper {paper!r}; tables: {sorted(spec.tables)}")
     if (paper, p["table"]) not in plan.buildable_tables:

@@ -101,8 +101,9 @@ def sample_continuations(
     if not rows:
         return out
     if uniforms is not None:
-        uni = {k: torch.as_tensor(uniforms[k], dtype=torch.float32).reshape(n, budgets[k], 1)
-               for k in {k for k, _ in rows}}  # [n, b_k, 1]
+        uni = {
+            k: torch.as_tensor(uniforms[k], dtype=torch.float32).reshape(n, budgets[k], 1) for k in {k for k, _ in rows}
+        }  # [n, b_k, 1]
     else:
         uni = {k: draw_uniforms(n, budgets[k], 1, seeds[k]) for k in {k for k, _ in rows}}  # [n, b_k, 1]
     rows.sort(key=lambda kj: -budgets[kj[0]])  # stable: chunks of similar budgets
@@ -232,8 +233,15 @@ def value_gap(values: Tensor, delta: Tensor, eps: float, n_boot: int = 1000, see
         is_ = torch.randint(suppressed.numel(), (n_boot, suppressed.numel()), generator=g)
         boot = boosted[ib].mean(1) - suppressed[is_].mean(1)
         lo, hi = (float(x) for x in torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)))
-    return {"gap": mb - ms, "ci_low": lo, "ci_high": hi, "mean_boosted": mb, "mean_suppressed": ms,
-            "n_boosted": int(boosted.numel()), "n_suppressed": int(suppressed.numel())}
+    return {
+        "gap": mb - ms,
+        "ci_low": lo,
+        "ci_high": hi,
+        "mean_boosted": mb,
+        "mean_suppressed": ms,
+        "n_boosted": int(boosted.numel()),
+        "n_suppressed": int(suppressed.numel()),
+    }
 
 
 def gap_vs_entropy(
@@ -247,11 +255,11 @@ def gap_vs_entropy(
 ) -> list[dict[str, float]]:
     """Value gap on the top-x% highest-entropy tokens, for each x in ``fractions`` [paper Fig. 5b].
 
-    values, delta, entropy: Tensor[M]. Tokens are sorted by entropy descending (stable: ties keep their
-    order); the top-x subset is the first ceil(x * M) of them [ours], kept in input order (so the 100%
-row, bootstrap included, is exactly ``value_gap(values, delta, eps, n_boot, seed)``). Returns one dict per fraction:
-    :func:`value_gap` of the subset plus fraction, n_tokens (subset size) and entropy_min (the lowest
-    entropy in the subset, NaN when empty). The paper finds the gap peaks near the top 40%.
+        values, delta, entropy: Tensor[M]. Tokens are sorted by entropy descending (stable: ties keep their
+        order); the top-x subset is the first ceil(x * M) of them [ours], kept in input order (so the 100%
+    row, bootstrap included, is exactly ``value_gap(values, delta, eps, n_boot, seed)``). Returns one dict per fraction:
+        :func:`value_gap` of the subset plus fraction, n_tokens (subset size) and entropy_min (the lowest
+        entropy in the subset, NaN when empty). The paper finds the gap peaks near the top 40%.
     """
     v = torch.as_tensor(values).detach().flatten().cpu()
     d = torch.as_tensor(delta).detach().flatten().cpu()
@@ -314,8 +322,17 @@ def sample_balanced_items(
 # the pipeline analysis (kind "value"): one update, then the values of the tokens it moved
 
 
-def value_probe(trainer, step: int, *, eps: float, per_class: int, max_p: float, n: int, seed: int,
-                fractions: Sequence[float] = DEFAULT_FRACTIONS) -> dict:
+def value_probe(
+    trainer,
+    step: int,
+    *,
+    eps: float,
+    per_class: int,
+    max_p: float,
+    n: int,
+    seed: int,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+) -> dict:
     """One joint GRPO update on rollout batch ``step`` of the trainer (restored afterwards), Δ log p on the
     batch, ``per_class`` tokens of each class drawn, their MC values; the value gap boosted - suppressed
     over all sampled tokens, within positive and within negative rollouts, and by top-x% entropy."""
@@ -325,33 +342,53 @@ def value_probe(trainer, step: int, *, eps: float, per_class: int, max_p: float,
     res = update_shifts(trainer, ro, ["joint"], step=step, seed=seed)
     delta = res["delta"]["joint"]
     probs = res["before_logp"].exp()
-    items, labels = sample_balanced_items(delta, res["mask"], res["adv"], eps, per_class, max_p, probs,
-                                          torch.Generator().manual_seed(seed))
+    items, labels = sample_balanced_items(
+        delta, res["mask"], res["adv"], eps, per_class, max_p, probs, torch.Generator().manual_seed(seed)
+    )
     t = trainer.tcfg
     rows = torch.tensor([i for i, _ in items], dtype=torch.long)
     cols = torch.tensor([j for _, j in items], dtype=torch.long)
     trainer.model.eval()
-    vals = token_values_mc(trainer.model, trainer.tok, trainer.scorer, ro.prompts, ro.responses, ro.golds, items,
-                           probs[rows, cols] if items else torch.zeros(0), n=n, max_new_tokens=t["max_new_tokens"],
-                           temperature=t["temperature"], top_p=t["top_p"], seed=seed, progress=trainer.progress,
-                           eos_id=trainer.stop_ids)
+    vals = token_values_mc(
+        trainer.model,
+        trainer.tok,
+        trainer.scorer,
+        ro.prompts,
+        ro.responses,
+        ro.golds,
+        items,
+        probs[rows, cols] if items else torch.zeros(0),
+        n=n,
+        max_new_tokens=t["max_new_tokens"],
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        seed=seed,
+        progress=trainer.progress,
+        eos_id=trainer.stop_ids,
+    )
     trainer.model.train()
     v, d, ent = vals["value"], delta[rows, cols], res["entropy"][rows, cols]
     side = torch.tensor([lab.endswith("_pos") for lab in labels], dtype=torch.bool)
-    out = {"n_items": len(items), "class_counts": {c: labels.count(c) for c in CLASSES},
-           "gap_all": value_gap(v, d, eps, seed=seed),
-           "gap_positive": value_gap(v[side], d[side], eps, seed=seed),
-           "gap_negative": value_gap(v[~side], d[~side], eps, seed=seed),
-           "by_entropy": gap_vs_entropy(v, d, ent, eps, fractions, seed=seed) if items else [],
-           "reward_mean": float(np.mean(ro.scores)), "n_rollouts": len(ro.responses)}
+    out = {
+        "n_items": len(items),
+        "class_counts": {c: labels.count(c) for c in CLASSES},
+        "gap_all": value_gap(v, d, eps, seed=seed),
+        "gap_positive": value_gap(v[side], d[side], eps, seed=seed),
+        "gap_negative": value_gap(v[~side], d[~side], eps, seed=seed),
+        "by_entropy": gap_vs_entropy(v, d, ent, eps, fractions, seed=seed) if items else [],
+        "reward_mean": float(np.mean(ro.scores)),
+        "n_rollouts": len(ro.responses),
+    }
     return out
 
 
 def analyze(ctx, *, eps: float = 1e-3, per_class: int = 32, max_p: float = 0.95, n: int = 8, batches: int = 1) -> dict:
     """Value gap of boosted vs suppressed tokens after one update (paper Fig. 5a) and by entropy (Fig. 5b),
     on ``batches`` rollout batches (each its own probe; the first also gives the entropy curve)."""
-    probes = [value_probe(ctx.trainer, b, eps=eps, per_class=per_class, max_p=max_p, n=n, seed=ctx.seed + b)
-              for b in range(batches)]
+    probes = [
+        value_probe(ctx.trainer, b, eps=eps, per_class=per_class, max_p=max_p, n=n, seed=ctx.seed + b)
+        for b in range(batches)
+    ]
     return {"kind": "value", "eps": eps, "per_class": per_class, "max_p": max_p, "n": n, "probes": probes}
 
 
@@ -362,16 +399,26 @@ def _fmt_gap(g: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"Counterfactual token value V(y) = (R(s+y) - R(s)) / (1 - p), {result['n']} continuations per branch; "
-             "value gap = mean V of boosted minus suppressed tokens (95% bootstrap CI).", "",
-             "| batch | tokens | gap (all) | gap (positive rollouts) | gap (negative rollouts) | batch reward |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Counterfactual token value V(y) = (R(s+y) - R(s)) / (1 - p), {result['n']} continuations per branch; "
+        "value gap = mean V of boosted minus suppressed tokens (95% bootstrap CI).",
+        "",
+        "| batch | tokens | gap (all) | gap (positive rollouts) | gap (negative rollouts) | batch reward |",
+        "|---|---|---|---|---|---|",
+    ]
     for b, p in enumerate(result["probes"]):
-        lines.append(f"| {b} | {p['n_items']} | {_fmt_gap(p['gap_all'])} | {_fmt_gap(p['gap_positive'])} | "
-                     f"{_fmt_gap(p['gap_negative'])} | {p['reward_mean']:.3f} |")
+        lines.append(
+            f"| {b} | {p['n_items']} | {_fmt_gap(p['gap_all'])} | {_fmt_gap(p['gap_positive'])} | "
+            f"{_fmt_gap(p['gap_negative'])} | {p['reward_mean']:.3f} |"
+        )
     if result["probes"] and result["probes"][0]["by_entropy"]:
-        lines += ["", "Value gap on the top-x% highest-entropy sampled tokens (batch 0):", "",
-                  "| top-x% | tokens | gap |", "|---|---|---|"]
+        lines += [
+            "",
+            "Value gap on the top-x% highest-entropy sampled tokens (batch 0):",
+            "",
+            "| top-x% | tokens | gap |",
+            "|---|---|---|",
+        ]
         for r in result["probes"][0]["by_entropy"]:
             lines.append(f"| {100 * r['fraction']:.0f}% | {r['n_tokens']} | {_fmt_gap(r)} |")
     return "\n".join(lines) + "\n"
@@ -389,8 +436,9 @@ def plot(result: dict, png) -> None:
     for k, (key, label) in enumerate(names):
         g = p0[key]
         if g["n_boosted"] and g["n_suppressed"]:
-            axes[0].bar(k, g["gap"], yerr=[[g["gap"] - g["ci_low"]], [g["ci_high"] - g["gap"]]], capsize=4,
-                        color="#2a9d8f")
+            axes[0].bar(
+                k, g["gap"], yerr=[[g["gap"] - g["ci_low"]], [g["ci_high"] - g["gap"]]], capsize=4, color="#2a9d8f"
+            )
     axes[0].axhline(0, color="k", lw=0.8)
     axes[0].set_xticks(range(len(names)), [n for _, n in names])
     axes[0].set_ylabel("value gap (boosted - suppressed)")

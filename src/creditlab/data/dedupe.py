@@ -151,8 +151,9 @@ def dedupe(records: Iterable[Record]) -> tuple[list[Record], dict[str, Any]]:
 class ContaminationIndex:
     """Normalised questions and word n-grams of named evaluation sets, for :meth:`hits` look-ups."""
 
-    def __init__(self, eval_sets: Mapping[str, Iterable[Mapping[str, Any]]], n: int = DEFAULT_NGRAM,
-                 min_overlap: int = 1) -> None:
+    def __init__(
+        self, eval_sets: Mapping[str, Iterable[Mapping[str, Any]]], n: int = DEFAULT_NGRAM, min_overlap: int = 1
+    ) -> None:
         if n < 1:
             raise ValueError(f"n-gram length must be >= 1, got {n}")
         if min_overlap < 1:
@@ -207,8 +208,14 @@ def check_contamination(
     eval_sets = {name: list(records) for name, records in eval_sets.items()}
     index = ContaminationIndex(eval_sets, n=n, min_overlap=min_overlap)
     per_eval = {
-        name: {"n_eval": index.sizes[name], "train_items": 0, "by_exact": 0, "by_ngram": 0,
-               "eval_items_hit": set(), "examples": []}
+        name: {
+            "n_eval": index.sizes[name],
+            "train_items": 0,
+            "by_exact": 0,
+            "by_ngram": 0,
+            "eval_items_hit": set(),
+            "examples": [],
+        }
         for name in eval_sets
     }
     kept: list[Record] = []

@@ -282,9 +282,7 @@ def encode_private_test_cases(tests: list[dict[str, str]]) -> str:
     return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(tests)))).decode("utf-8")
 
 
-def decode_private_test_cases(
-    value: str, max_bytes: int = MAX_PRIVATE_TESTS_BYTES
-) -> list[dict[str, Any]]:
+def decode_private_test_cases(value: str, max_bytes: int = MAX_PRIVATE_TESTS_BYTES) -> list[dict[str, Any]]:
     """LiveCodeBench ``private_test_cases`` -> list of test dicts.
 
     As LCB's own loader: a plain JSON list is accepted as is; otherwise the value is base64 ->
@@ -410,8 +408,9 @@ def load_livecodebench(
                 question=_text(row, "question_content", where),
                 # functional tests carry func_name: the gold alone says how to call a solution (the verifier
                 # of both engines and the evaluator judges (code, gold) with nothing else)
-                answer=json.dumps([t | {"func_name": func_name} if t["testtype"] == "functional" else t
-                                   for t in public + private]),
+                answer=json.dumps(
+                    [t | {"func_name": func_name} if t["testtype"] == "functional" else t for t in public + private]
+                ),
                 meta=meta,
             )
         )

@@ -351,8 +351,10 @@ def _parse_dapo(row: Row, where: str) -> tuple[str, str, dict[str, Any]]:
         raise ValueError(f"{where}: field 'prompt' holds an empty problem")
     reward_model = row.get("reward_model")
     if not isinstance(reward_model, Mapping):
-        raise _missing(row, "reward_model", where) if reward_model is None else ValueError(
-            f"{where}: field 'reward_model' must be a dict, got {reward_model!r}"
+        raise (
+            _missing(row, "reward_model", where)
+            if reward_model is None
+            else ValueError(f"{where}: field 'reward_model' must be a dict, got {reward_model!r}")
         )
     if "ground_truth" not in reward_model:
         raise ValueError(
@@ -440,16 +442,30 @@ def _parse_olympiadbench(row: Row, where: str) -> tuple[str, str, dict[str, Any]
 
 def iter_deepmath(source: Source, split: str = "train", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """DeepMath-103K: ``question`` / ``final_answer``; meta ``difficulty``, ``topic`` (R1 solutions dropped)."""
-    return _iter_records(source, name="deepmath", hub_id="zwhe99/DeepMath-103K", hub_split="train",
-                         split=split, parse=_parse_deepmath, stats=stats)
+    return _iter_records(
+        source,
+        name="deepmath",
+        hub_id="zwhe99/DeepMath-103K",
+        hub_split="train",
+        split=split,
+        parse=_parse_deepmath,
+        stats=stats,
+    )
 
 
 def iter_dapo_math_17k(source: Source, split: str = "train", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """DAPO-Math-17k: question from the user message of ``prompt`` (wrapper removed), answer from
     ``reward_model.ground_truth``; meta ``index`` (``extra_info.index``), ``data_source``, ``ability``,
     ``reward_style``, ``dapo_wrapper``. Duplicated rows are all yielded."""
-    return _iter_records(source, name="dapo-math-17k", hub_id="BytedTsinghua-SIA/DAPO-Math-17k",
-                         hub_split="train", split=split, parse=_parse_dapo, stats=stats)
+    return _iter_records(
+        source,
+        name="dapo-math-17k",
+        hub_id="BytedTsinghua-SIA/DAPO-Math-17k",
+        hub_split="train",
+        split=split,
+        parse=_parse_dapo,
+        stats=stats,
+    )
 
 
 def iter_math_lighteval(
@@ -467,43 +483,83 @@ def iter_math_lighteval(
     if hub_split not in ("train", "test"):
         raise ValueError(f"MATH-lighteval has splits 'train' and 'test', not {hub_split!r}")
     name = "math" if hub_split == "train" else "math-test"
-    return _iter_records(source, name=name, hub_id="DigitalLearningGmbH/MATH-lighteval", hub_split=hub_split,
-                         split=split, parse=_parse_math_lighteval(skip_unboxed), stats=stats)
+    return _iter_records(
+        source,
+        name=name,
+        hub_id="DigitalLearningGmbH/MATH-lighteval",
+        hub_split=hub_split,
+        split=split,
+        parse=_parse_math_lighteval(skip_unboxed),
+        stats=stats,
+    )
 
 
-def iter_math_lighteval_test(source: Source, split: str = "math-test", skip_unboxed: bool = False,
-                             stats: dict[str, int] | None = None) -> Iterator[Record]:
+def iter_math_lighteval_test(
+    source: Source, split: str = "math-test", skip_unboxed: bool = False, stats: dict[str, int] | None = None
+) -> Iterator[Record]:
     return iter_math_lighteval(source, split=split, hub_split="test", skip_unboxed=skip_unboxed, stats=stats)
 
 
 def iter_math500(source: Source, split: str = "math500", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """MATH-500: ``problem`` / ``answer``; id ``math500/<unique_id>``; meta ``unique_id``, ``subject``, ``level``."""
-    return _iter_records(source, name="math500", hub_id="HuggingFaceH4/MATH-500", hub_split="test", split=split,
-                         parse=_parse_problem_answer("problem", "unique_id", "subject", "level"),
-                         id_field="unique_id", stats=stats)
+    return _iter_records(
+        source,
+        name="math500",
+        hub_id="HuggingFaceH4/MATH-500",
+        hub_split="test",
+        split=split,
+        parse=_parse_problem_answer("problem", "unique_id", "subject", "level"),
+        id_field="unique_id",
+        stats=stats,
+    )
 
 
 def iter_aime24(source: Source, split: str = "aime24", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """AIME 2024 (HuggingFaceH4/aime_2024): ``problem`` / ``answer``; id ``aime24/<id>``; meta ``url``, ``year``."""
-    return _iter_records(source, name="aime24", hub_id="HuggingFaceH4/aime_2024", hub_split="train", split=split,
-                         parse=_parse_problem_answer("problem", "url", "year"), id_field="id", stats=stats)
+    return _iter_records(
+        source,
+        name="aime24",
+        hub_id="HuggingFaceH4/aime_2024",
+        hub_split="train",
+        split=split,
+        parse=_parse_problem_answer("problem", "url", "year"),
+        id_field="id",
+        stats=stats,
+    )
 
 
 def iter_aime25(source: Source, split: str = "aime25", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """AIME 2025 (math-ai/aime25, test.jsonl): ``problem`` / ``answer``; id ``aime25/<id>``."""
-    return _iter_records(source, name="aime25", hub_id="math-ai/aime25", hub_split="test", split=split,
-                         parse=_parse_problem_answer("problem"), id_field="id", stats=stats)
+    return _iter_records(
+        source,
+        name="aime25",
+        hub_id="math-ai/aime25",
+        hub_split="test",
+        split=split,
+        parse=_parse_problem_answer("problem"),
+        id_field="id",
+        stats=stats,
+    )
 
 
 def _matharena(name: str, hub_id: str) -> Callable[..., Iterator[Record]]:
     def iter_matharena(source: Source, split: str = name, stats: dict[str, int] | None = None) -> Iterator[Record]:
-        return _iter_records(source, name=name, hub_id=hub_id, hub_split="train", split=split,
-                             parse=_parse_problem_answer("problem", "problem_idx", "problem_type"),
-                             id_field="problem_idx", stats=stats)
+        return _iter_records(
+            source,
+            name=name,
+            hub_id=hub_id,
+            hub_split="train",
+            split=split,
+            parse=_parse_problem_answer("problem", "problem_idx", "problem_type"),
+            id_field="problem_idx",
+            stats=stats,
+        )
 
     iter_matharena.__name__ = f"iter_{name.replace('-', '_')}"
-    iter_matharena.__doc__ = (f"{hub_id} (MathArena; split train): ``problem`` / ``answer`` (a string, or an "
-                              f"integer); id ``{name}/<problem_idx>``; meta ``problem_idx``, ``problem_type``.")
+    iter_matharena.__doc__ = (
+        f"{hub_id} (MathArena; split train): ``problem`` / ``answer`` (a string, or an "
+        f"integer); id ``{name}/<problem_idx>``; meta ``problem_idx``, ``problem_type``."
+    )
     return iter_matharena
 
 
@@ -519,22 +575,47 @@ iter_aime26 = _matharena("aime26", "MathArena/aime_2026")
 
 def iter_amc23(source: Source, split: str = "amc23", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """AMC 2023 (math-ai/amc23): ``question`` / ``answer`` (float64 on the Hub: 27.0 -> "27"); id ``amc23/<id>``."""
-    return _iter_records(source, name="amc23", hub_id="math-ai/amc23", hub_split="test", split=split,
-                         parse=_parse_problem_answer("question", "url"), id_field="id", stats=stats)
+    return _iter_records(
+        source,
+        name="amc23",
+        hub_id="math-ai/amc23",
+        hub_split="test",
+        split=split,
+        parse=_parse_problem_answer("question", "url"),
+        id_field="id",
+        stats=stats,
+    )
 
 
 def iter_minerva(source: Source, split: str = "minerva", stats: dict[str, int] | None = None) -> Iterator[Record]:
     """Minerva math (math-ai/minervamath): ``question`` / ``answer``; ids by row index."""
-    return _iter_records(source, name="minerva", hub_id="math-ai/minervamath", hub_split="test", split=split,
-                         parse=_parse_problem_answer("question"), stats=stats)
+    return _iter_records(
+        source,
+        name="minerva",
+        hub_id="math-ai/minervamath",
+        hub_split="test",
+        split=split,
+        parse=_parse_problem_answer("question"),
+        stats=stats,
+    )
 
 
-def iter_olympiadbench(source: Source, split: str = "olympiadbench",
-                       stats: dict[str, int] | None = None) -> Iterator[Record]:
+def iter_olympiadbench(
+    source: Source, split: str = "olympiadbench", stats: dict[str, int] | None = None
+) -> Iterator[Record]:
     """OlympiadBench (math-ai/olympiadbench): ``question`` / ``final_answer`` (see the module docstring);
     id ``olympiadbench/<id>`` (by row index when the file has no ``id``)."""
-    return _iter_records(source, name="olympiadbench", hub_id="math-ai/olympiadbench", hub_split="test",
-                         split=split, parse=_parse_olympiadbench, id_field="id", id_optional=True, stats=stats)
+    return _iter_records(
+        source,
+        name="olympiadbench",
+        hub_id="math-ai/olympiadbench",
+        hub_split="test",
+        split=split,
+        parse=_parse_olympiadbench,
+        id_field="id",
+        id_optional=True,
+        stats=stats,
+    )
 
 
 def load_deepmath(source: Source, **kw: Any) -> list[Record]:

@@ -62,8 +62,9 @@ def _split_patterns(split: str) -> tuple[str, ...]:
 def _wrap_list_loader(fn: Callable[..., list[Record]], **fixed: Any) -> Loader:
     """Adapt an existing list-returning loader (GPQA, MMLU-Pro, LiveCodeBench) to the registry's shape."""
 
-    def loader(source: Source, split: str | None = None, stats: dict[str, int] | None = None,
-               **options: Any) -> Iterator[Record]:
+    def loader(
+        source: Source, split: str | None = None, stats: dict[str, int] | None = None, **options: Any
+    ) -> Iterator[Record]:
         rows = [row for _, row in iter_hub_rows(source)]
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(rows)
@@ -86,46 +87,102 @@ HUB_DATASETS: dict[str, HubDataset] = {
     d.name: d
     for d in (
         # training sets
-        HubDataset("deepmath", "zwhe99/DeepMath-103K", "train", hub_math.iter_deepmath,
-                   patterns=_split_patterns("train"), role="train"),
-        HubDataset("dapo-math-17k", "BytedTsinghua-SIA/DAPO-Math-17k", "train", hub_math.iter_dapo_math_17k,
-                   patterns=("data/dapo-math-17k.parquet", "**/dapo-math-17k.parquet", *_split_patterns("train")),
-                   role="train"),
-        HubDataset("math", "DigitalLearningGmbH/MATH-lighteval", "train", hub_math.iter_math_lighteval,
-                   patterns=_split_patterns("train"), role="train", hub_config="default"),
-        HubDataset("math-test", "DigitalLearningGmbH/MATH-lighteval", "test", hub_math.iter_math_lighteval_test,
-                   patterns=_split_patterns("test"), hub_config="default"),
+        HubDataset(
+            "deepmath",
+            "zwhe99/DeepMath-103K",
+            "train",
+            hub_math.iter_deepmath,
+            patterns=_split_patterns("train"),
+            role="train",
+        ),
+        HubDataset(
+            "dapo-math-17k",
+            "BytedTsinghua-SIA/DAPO-Math-17k",
+            "train",
+            hub_math.iter_dapo_math_17k,
+            patterns=("data/dapo-math-17k.parquet", "**/dapo-math-17k.parquet", *_split_patterns("train")),
+            role="train",
+        ),
+        HubDataset(
+            "math",
+            "DigitalLearningGmbH/MATH-lighteval",
+            "train",
+            hub_math.iter_math_lighteval,
+            patterns=_split_patterns("train"),
+            role="train",
+            hub_config="default",
+        ),
+        HubDataset(
+            "math-test",
+            "DigitalLearningGmbH/MATH-lighteval",
+            "test",
+            hub_math.iter_math_lighteval_test,
+            patterns=_split_patterns("test"),
+            hub_config="default",
+        ),
         # math evaluation sets
-        HubDataset("math500", "HuggingFaceH4/MATH-500", "test", hub_math.iter_math500,
-                   patterns=_split_patterns("test")),
-        HubDataset("aime24", "HuggingFaceH4/aime_2024", "train", hub_math.iter_aime24,
-                   patterns=_split_patterns("train")),
+        HubDataset(
+            "math500", "HuggingFaceH4/MATH-500", "test", hub_math.iter_math500, patterns=_split_patterns("test")
+        ),
+        HubDataset(
+            "aime24", "HuggingFaceH4/aime_2024", "train", hub_math.iter_aime24, patterns=_split_patterns("train")
+        ),
         HubDataset("aime25", "math-ai/aime25", "test", hub_math.iter_aime25, patterns=_split_patterns("test")),
-        HubDataset("aime25-matharena", "MathArena/aime_2025", "train", hub_math.iter_aime25_matharena,
-                   patterns=_MATHARENA),
+        HubDataset(
+            "aime25-matharena", "MathArena/aime_2025", "train", hub_math.iter_aime25_matharena, patterns=_MATHARENA
+        ),
         HubDataset("amc23", "math-ai/amc23", "test", hub_math.iter_amc23, patterns=_split_patterns("test")),
-        HubDataset("minerva", "math-ai/minervamath", "test", hub_math.iter_minerva,
-                   patterns=_split_patterns("test")),
-        HubDataset("olympiadbench", "math-ai/olympiadbench", "test", hub_math.iter_olympiadbench,
-                   patterns=_split_patterns("test")),
-        HubDataset("hmmt-feb-2025", "MathArena/hmmt_feb_2025", "train", hub_math.iter_hmmt_feb_2025,
-                   patterns=_MATHARENA),
-        HubDataset("hmmt-feb-2026", "MathArena/hmmt_feb_2026", "train", hub_math.iter_hmmt_feb_2026,
-                   patterns=_MATHARENA),
+        HubDataset("minerva", "math-ai/minervamath", "test", hub_math.iter_minerva, patterns=_split_patterns("test")),
+        HubDataset(
+            "olympiadbench",
+            "math-ai/olympiadbench",
+            "test",
+            hub_math.iter_olympiadbench,
+            patterns=_split_patterns("test"),
+        ),
+        HubDataset(
+            "hmmt-feb-2025", "MathArena/hmmt_feb_2025", "train", hub_math.iter_hmmt_feb_2025, patterns=_MATHARENA
+        ),
+        HubDataset(
+            "hmmt-feb-2026", "MathArena/hmmt_feb_2026", "train", hub_math.iter_hmmt_feb_2026, patterns=_MATHARENA
+        ),
         HubDataset("brumo-2025", "MathArena/brumo_2025", "train", hub_math.iter_brumo_2025, patterns=_MATHARENA),
-        HubDataset("hmmt-nov-2025", "MathArena/hmmt_nov_2025", "train", hub_math.iter_hmmt_nov_2025,
-                   patterns=_MATHARENA),
+        HubDataset(
+            "hmmt-nov-2025", "MathArena/hmmt_nov_2025", "train", hub_math.iter_hmmt_nov_2025, patterns=_MATHARENA
+        ),
         HubDataset("aime26", "MathArena/aime_2026", "train", hub_math.iter_aime26, patterns=_MATHARENA),
         # multiple choice and code (loaders in creditlab.data.hub_loaders)
-        HubDataset("gpqa-diamond", "Idavidrein/gpqa", "train", _wrap_list_loader(hub_loaders.load_gpqa_diamond),
-                   kind="multiple_choice", hub_config="gpqa_diamond",
-                   patterns=("gpqa_diamond.csv", "**/gpqa_diamond.csv", "**/gpqa_diamond/train/*.parquet",
-                             "**/gpqa_diamond/train-*.parquet")),
-        HubDataset("mmlu-pro", "TIGER-Lab/MMLU-Pro", "test", _wrap_list_loader(hub_loaders.load_mmlu_pro),
-                   kind="multiple_choice", patterns=_split_patterns("test")),
-        HubDataset("livecodebench", "livecodebench/code_generation_lite", "test",
-                   _wrap_list_loader(hub_loaders.load_livecodebench), kind="code", hub_config="release_v6",
-                   patterns=("test*.jsonl", "**/test*.jsonl")),  # release_v6 = test.jsonl .. test6.jsonl
+        HubDataset(
+            "gpqa-diamond",
+            "Idavidrein/gpqa",
+            "train",
+            _wrap_list_loader(hub_loaders.load_gpqa_diamond),
+            kind="multiple_choice",
+            hub_config="gpqa_diamond",
+            patterns=(
+                "gpqa_diamond.csv",
+                "**/gpqa_diamond.csv",
+                "**/gpqa_diamond/train/*.parquet",
+                "**/gpqa_diamond/train-*.parquet",
+            ),
+        ),
+        HubDataset(
+            "mmlu-pro",
+            "TIGER-Lab/MMLU-Pro",
+            "test",
+            _wrap_list_loader(hub_loaders.load_mmlu_pro),
+            kind="multiple_choice",
+            patterns=_split_patterns("test"),
+        ),
+        HubDataset(
+            "livecodebench",
+            "livecodebench/code_generation_lite",
+            "test",
+            _wrap_list_loader(hub_loaders.load_livecodebench),
+            kind="code",
+            hub_config="release_v6",
+            patterns=("test*.jsonl", "**/test*.jsonl"),
+        ),  # release_v6 = test.jsonl .. test6.jsonl
     )
 }
 """Every dataset of SPEC.md's data table, by config name."""
@@ -152,10 +209,13 @@ def lookup(hub_id: str, config: str | None, split: str) -> HubDataset:
     for d in HUB_DATASETS.values():
         if (d.hub_id, _config_key(d.hub_config), d.hub_split) == (hub_id, _config_key(config), split):
             return d
-    choices = "; ".join(f"{d.hub_id} config {_config_key(d.hub_config)} split {d.hub_split} -> {d.name}"
-                        for d in HUB_DATASETS.values())
-    raise ValueError(f"no hub loader for {hub_id} config {_config_key(config)} split {split}; "
-                     f"the registry (creditlab.data.hub_registry.HUB_DATASETS) reads: {choices}")
+    choices = "; ".join(
+        f"{d.hub_id} config {_config_key(d.hub_config)} split {d.hub_split} -> {d.name}" for d in HUB_DATASETS.values()
+    )
+    raise ValueError(
+        f"no hub loader for {hub_id} config {_config_key(config)} split {split}; "
+        f"the registry (creditlab.data.hub_registry.HUB_DATASETS) reads: {choices}"
+    )
 
 
 def allow_patterns(name: str) -> list[str]:
@@ -182,8 +242,9 @@ def download_command(hub_id: str, local_dir: str | Path, patterns: Iterable[str]
     return " ".join(shlex.quote(c) for c in cmd)
 
 
-def find_files(name: str, raw_dir: str | Path, files: Iterable[str | Path] | None = None,
-               dir: str | Path | None = None) -> list[Path]:
+def find_files(
+    name: str, raw_dir: str | Path, files: Iterable[str | Path] | None = None, dir: str | Path | None = None
+) -> list[Path]:
     """The files to read for dataset ``name``.
 
     ``files`` (relative to ``raw_dir`` unless absolute) are taken as given, in order; otherwise the
@@ -214,8 +275,9 @@ def find_files(name: str, raw_dir: str | Path, files: Iterable[str | Path] | Non
     )
 
 
-def iter_dataset(name: str, source: Source, split: str | None = None, stats: dict[str, int] | None = None,
-                 **options: Any) -> Iterator[Record]:
+def iter_dataset(
+    name: str, source: Source, split: str | None = None, stats: dict[str, int] | None = None, **options: Any
+) -> Iterator[Record]:
     """Records of dataset ``name`` from ``source`` (files or rows), with ``split`` (default: the loader's)."""
     spec = get_dataset(name)
     kwargs: dict[str, Any] = dict(options)
@@ -232,7 +294,13 @@ def load_dataset(name: str, source: Source, split: str | None = None, **options:
 def describe() -> list[Mapping[str, str]]:
     """One line per dataset (name, hub id, config, split, kind, role), for docs and reports."""
     return [
-        {"name": d.name, "hub_id": d.hub_id, "hub_config": _config_key(d.hub_config), "hub_split": d.hub_split,
-         "kind": d.kind, "role": d.role}
+        {
+            "name": d.name,
+            "hub_id": d.hub_id,
+            "hub_config": _config_key(d.hub_config),
+            "hub_split": d.hub_split,
+            "kind": d.kind,
+            "role": d.role,
+        }
         for d in HUB_DATASETS.values()
     ]

@@ -20,8 +20,12 @@ PARQUET_SCHEMA = pa.schema([(field, pa.string()) for field in FIELDS])
 """Every column is a string: ``solution`` may be null, ``meta`` holds JSON."""
 
 
-def write_rows(records: Iterable[dict[str, Any]], path: str | Path, schema: pa.Schema,
-               to_row: Callable[[int, dict[str, Any]], dict[str, Any]]) -> Path:
+def write_rows(
+    records: Iterable[dict[str, Any]],
+    path: str | Path,
+    schema: pa.Schema,
+    to_row: Callable[[int, dict[str, Any]], dict[str, Any]],
+) -> Path:
     """Write ``to_row(i, record)`` of every record to a parquet file of ``schema`` (parent folders created).
 
     Raises:

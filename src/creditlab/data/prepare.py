@@ -49,9 +49,7 @@ WARMUP_EXTRA = "warmup_extra"
 """Name (file ``warmup_extra.parquet``, seeds ``warmup_extra.<part>``) of the SFT-only records."""
 
 
-def check_disjoint(
-    train: Iterable[dict[str, Any]], others: Mapping[str, Iterable[dict[str, Any]]]
-) -> dict[str, int]:
+def check_disjoint(train: Iterable[dict[str, Any]], others: Mapping[str, Iterable[dict[str, Any]]]) -> dict[str, int]:
     """Count, for each named split in ``others``, its records whose problem key (the canonical question; an MC
     record's arithmetic expression: :func:`~creditlab.data.transfer.problem_key`) is in ``train``."""
     seen = {problem_key(rec) for rec in train}
@@ -108,8 +106,9 @@ def _task_knobs(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _generate(cfg: Mapping[str, Any], name: str, spec: dict[str, Any], exclude: set[str],
-              seed_name: str | None = None) -> Records:
+def _generate(
+    cfg: Mapping[str, Any], name: str, spec: dict[str, Any], exclude: set[str], seed_name: str | None = None
+) -> Records:
     """Draw one split of its format with the seed derived from ``seed_name`` (default: the split name), excluding
     the given problem keys. Arithmetic records get the data set's name as ``source``; the transfer formats
     theirs (:data:`~creditlab.data.transfer.CODE_SOURCE`, :data:`~creditlab.data.transfer.CHOICE_SOURCE`)."""
@@ -118,13 +117,40 @@ def _generate(cfg: Mapping[str, Any], name: str, spec: dict[str, Any], exclude: 
     fmt = spec.get("format", "arith")
     log.info("generating %s (%s): %s", name, fmt, {k: v for k, v in spec.items() if k != "format"})
     if fmt == "code":
-        return generate_code_split(seed, spec["n"], spec["at"], spec["slope"], spec["intercept"], int(spec["tests"]),
-                                   float(spec["time_limit_s"]), exclude, split=name)
+        return generate_code_split(
+            seed,
+            spec["n"],
+            spec["at"],
+            spec["slope"],
+            spec["intercept"],
+            int(spec["tests"]),
+            float(spec["time_limit_s"]),
+            exclude,
+            split=name,
+        )
     if fmt == "choice":
-        return generate_choice_split(seed, spec["n"], spec["n_ops"], spec["digits"], spec["options"], exclude,
-                                     split=name, ops=tuple(task["ops"]), max_value=task["max_value"])
-    return generate_split(seed, spec["n"], spec["n_ops"], spec["digits"], exclude, source=str(cfg["name"]),
-                          split=name, ops=tuple(task["ops"]), max_value=task["max_value"])
+        return generate_choice_split(
+            seed,
+            spec["n"],
+            spec["n_ops"],
+            spec["digits"],
+            spec["options"],
+            exclude,
+            split=name,
+            ops=tuple(task["ops"]),
+            max_value=task["max_value"],
+        )
+    return generate_split(
+        seed,
+        spec["n"],
+        spec["n_ops"],
+        spec["digits"],
+        exclude,
+        source=str(cfg["name"]),
+        split=name,
+        ops=tuple(task["ops"]),
+        max_value=task["max_value"],
+    )
 
 
 def _questions(splits: Iterable[Records]) -> set[str]:
@@ -204,8 +230,10 @@ def prepare_tiny(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     suite_specs = {name: _split_spec(spec, f"suites.{name}") for name, spec in cfg["suites"].items()}
     train_spec = _split_spec(cfg["train"], "train", ["arith"])  # RL prompts: the math task only
     val_spec = _split_spec(cfg["val"], "val", ["arith"])
-    extra_specs = {name: _split_spec(spec, f"{WARMUP_EXTRA}.{name}", ["code", "choice"])
-                   for name, spec in (cfg.get(WARMUP_EXTRA) or {}).items()}
+    extra_specs = {
+        name: _split_spec(spec, f"{WARMUP_EXTRA}.{name}", ["code", "choice"])
+        for name, spec in (cfg.get(WARMUP_EXTRA) or {}).items()
+    }
 
     suites: dict[str, Records] = {}
     for name, spec in suite_specs.items():
@@ -214,8 +242,13 @@ def prepare_tiny(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     val = _generate(cfg, "val", val_spec, _questions([*suites.values(), train]))
     extra: Records = []
     for name, spec in extra_specs.items():  # split "warmup_<part>": ids stay unique across parts
-        extra += _generate(cfg, f"warmup_{name}", spec, _questions([*suites.values(), train, val, extra]),
-                           seed_name=f"{WARMUP_EXTRA}.{name}")
+        extra += _generate(
+            cfg,
+            f"warmup_{name}",
+            spec,
+            _questions([*suites.values(), train, val, extra]),
+            seed_name=f"{WARMUP_EXTRA}.{name}",
+        )
 
     splits = {"train": train, "val": val, **({WARMUP_EXTRA: extra} if extra_specs else {}), **suites}
     files = _write_splits(out_dir, splits, list(suites))
@@ -241,8 +274,10 @@ def prepare_tiny(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
         "template": template,
         "task": _task_knobs(cfg),
         "knobs": {"train": train_spec, "val": val_spec, "suites": suite_specs, WARMUP_EXTRA: extra_specs},
-        "seeds": {**{name: derive_seed(int(cfg["seed"]), name) for name in files if name != WARMUP_EXTRA},
-                  **{f"{WARMUP_EXTRA}.{n}": derive_seed(int(cfg["seed"]), f"{WARMUP_EXTRA}.{n}") for n in extra_specs}},
+        "seeds": {
+            **{name: derive_seed(int(cfg["seed"]), name) for name in files if name != WARMUP_EXTRA},
+            **{f"{WARMUP_EXTRA}.{n}": derive_seed(int(cfg["seed"]), f"{WARMUP_EXTRA}.{n}") for n in extra_specs},
+        },
         "counts": {name: len(records) for name, records in written.items()},
         "splits": stats,
         "tokenizer": {"path": "tokenizer", "vocab_size": len(tokenizer)},

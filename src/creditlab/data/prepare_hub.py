@@ -140,11 +140,17 @@ def parse_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     train_specs = [_spec(entry, f"train[{i}]") for i, entry in enumerate(train)]
     suites = _parse_eval(cfg.get("eval"))
     dedupe = {"train": True, "eval": False, **_block(cfg, "dedupe", _DEDUPE_KEYS)}
-    contam = {"enable": True, "ngram": DEFAULT_NGRAM, "min_overlap": 1, "action": "drop",
-              **_block(cfg, "contamination", _CONTAM_KEYS)}
+    contam = {
+        "enable": True,
+        "ngram": DEFAULT_NGRAM,
+        "min_overlap": 1,
+        "action": "drop",
+        **_block(cfg, "contamination", _CONTAM_KEYS),
+    }
     if contam["action"] not in CONTAMINATION_ACTIONS:
-        raise ValueError(f"data config contamination.action must be one of {CONTAMINATION_ACTIONS}, "
-                         f"got {contam['action']!r}")
+        raise ValueError(
+            f"data config contamination.action must be one of {CONTAMINATION_ACTIONS}, got {contam['action']!r}"
+        )
     val = {"n": 0, "seed": 0, **_block(cfg, "val", _VAL_KEYS)}
     if int(val["n"]) < 0:
         raise ValueError(f"data config val.n must be >= 0, got {val['n']}")
@@ -158,8 +164,12 @@ def parse_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "eval": suites,
         "val": {"n": int(val["n"]), "seed": int(val["seed"])},
         "dedupe": {k: bool(v) for k, v in dedupe.items()},
-        "contamination": {"enable": bool(contam["enable"]), "ngram": int(contam["ngram"]),
-                          "min_overlap": int(contam["min_overlap"]), "action": str(contam["action"])},
+        "contamination": {
+            "enable": bool(contam["enable"]),
+            "ngram": int(contam["ngram"]),
+            "min_overlap": int(contam["min_overlap"]),
+            "action": str(contam["action"]),
+        },
         "limit": None if limit is None else int(limit),
     }
 
@@ -175,8 +185,9 @@ def _resolve(spec: dict[str, Any], raw_dir: Path) -> list[Path]:
     return find_files(spec["dataset"], raw_dir, files=spec["files"], dir=spec["dir"])
 
 
-def _source_entry(spec: dict[str, Any], files: list[Path], raw_dir: Path, stats: dict[str, int],
-                  n_records: int) -> dict[str, Any]:
+def _source_entry(
+    spec: dict[str, Any], files: list[Path], raw_dir: Path, stats: dict[str, int], n_records: int
+) -> dict[str, Any]:
     ds = get_dataset(spec["dataset"])
     return {
         "dataset": ds.name,
@@ -214,8 +225,9 @@ class LoadedSuites:
     """suite name -> dedupe report."""
 
 
-def _load_suites(specs: dict[str, dict[str, Any]], raw_dir: Path, dedupe: bool,
-                 files: Mapping[str, list[Path]] | None = None) -> LoadedSuites:
+def _load_suites(
+    specs: dict[str, dict[str, Any]], raw_dir: Path, dedupe: bool, files: Mapping[str, list[Path]] | None = None
+) -> LoadedSuites:
     files = dict(files) if files is not None else {suite: _resolve(spec, raw_dir) for suite, spec in specs.items()}
     loaded = LoadedSuites(records={}, specs=dict(specs))
     for suite, spec in specs.items():
@@ -246,9 +258,15 @@ def _rel(path: Path, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
-def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str | Path, *,
-                suites: LoadedSuites | None = None, write_suites: bool = True,
-                verl_dir: str | Path | None = None) -> dict[str, Any]:
+def prepare_hub(
+    data_cfg: Mapping[str, Any],
+    raw_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    suites: LoadedSuites | None = None,
+    write_suites: bool = True,
+    verl_dir: str | Path | None = None,
+) -> dict[str, Any]:
     """Build the train set and evaluation suites of a paper-scale data config from local Hub files.
 
     Config keys (``data_cfg``, e.g. the content of ``configs/data/<name>.yaml``):
@@ -333,7 +351,11 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
     if cfg["contamination"]["enable"] and suite_records:
         c = cfg["contamination"]
         train, contamination = check_contamination(
-            train, suite_records, n=c["ngram"], min_overlap=c["min_overlap"], action=c["action"],
+            train,
+            suite_records,
+            n=c["ngram"],
+            min_overlap=c["min_overlap"],
+            action=c["action"],
             report_path=out_dir / "contamination_report.json",
         )
 
@@ -377,8 +399,9 @@ def prepare_hub(data_cfg: Mapping[str, Any], raw_dir: str | Path, out_dir: str |
 
     everything = {**written_suites, **written}
     counts = {name: len(records) for name, records in everything.items()}
-    max_prompt = {name: max(len(render_record_prompt(r, template)) for r in recs)
-                  for name, recs in everything.items() if recs}
+    max_prompt = {
+        name: max(len(render_record_prompt(r, template)) for r in recs) for name, recs in everything.items() if recs
+    }
     report = {
         "name": cfg["name"],
         "template": template,

@@ -126,12 +126,16 @@ def plan_inputs(plan: Any, config_dir: str | Path | None = None) -> PaperData:
             data = by_args[key]
             name = str(data.get("name"))
             if data.get("kind") != "hub":
-                raise PaperDataError(f"run {run.key} trains on data {name!r} (kind {data.get('kind')!r}): at scale "
-                                     f"paper every training set is a hub data config (configs/data/*.yaml kind: hub)")
+                raise PaperDataError(
+                    f"run {run.key} trains on data {name!r} (kind {data.get('kind')!r}): at scale "
+                    f"paper every training set is a hub data config (configs/data/*.yaml kind: hub)"
+                )
             if name in datasets and datasets[name] != data:
-                raise PaperDataError(f"data config {name!r} resolves differently for runs {runs[name][0]} and "
-                                     f"{run.key}; prepare writes one training set per name: give the variant its "
-                                     f"own data config")
+                raise PaperDataError(
+                    f"data config {name!r} resolves differently for runs {runs[name][0]} and "
+                    f"{run.key}; prepare writes one training set per name: give the variant its "
+                    f"own data config"
+                )
             datasets.setdefault(name, data)
             runs.setdefault(name, []).append(run.key)
     catalogues = {name: data.get("suites") or {} for name, data in datasets.items()}
@@ -140,8 +144,10 @@ def plan_inputs(plan: Any, config_dir: str | Path | None = None) -> PaperData:
         catalogue = catalogues[first]
         for name, other in catalogues.items():
             if other != catalogue:
-                raise PaperDataError(f"data configs {first!r} and {name!r} carry different suite catalogues "
-                                     f"(`suites`); every hub data config includes {CATALOGUE}")
+                raise PaperDataError(
+                    f"data configs {first!r} and {name!r} carry different suite catalogues "
+                    f"(`suites`); every hub data config includes {CATALOGUE}"
+                )
     else:
         import yaml
 
@@ -149,10 +155,12 @@ def plan_inputs(plan: Any, config_dir: str | Path | None = None) -> PaperData:
     wanted = list(dict.fromkeys(s for p, t in plan.tables for s in plan.table_suites(p, t)))
     unknown = [s for s in wanted if s not in catalogue]
     if unknown:
-        raise PaperDataError(f"planned tables read suite(s) {unknown} that {CATALOGUE} lacks; "
-                             f"its suites: {sorted(catalogue)}")
-    return PaperData(datasets=datasets, suites=[s for s in catalogue if s in wanted], catalogue=dict(catalogue),
-                     runs=runs)
+        raise PaperDataError(
+            f"planned tables read suite(s) {unknown} that {CATALOGUE} lacks; its suites: {sorted(catalogue)}"
+        )
+    return PaperData(
+        datasets=datasets, suites=[s for s in catalogue if s in wanted], catalogue=dict(catalogue), runs=runs
+    )
 
 
 def _dataset_of(entry: Mapping[str, Any], where: str) -> str:
@@ -187,8 +195,10 @@ def hub_config(data: Mapping[str, Any]) -> dict[str, Any]:
     train = data.get("train") or {}
     val = data.get("val") or {}
     if int(val.get("n") or 0) < 1:
-        raise PaperDataError(f"configs/data/{name}.yaml val.n must be >= 1: the verl launcher always passes the "
-                             f"held-out val file (paths.VERL_VAL) as data.val_files")
+        raise PaperDataError(
+            f"configs/data/{name}.yaml val.n must be >= 1: the verl launcher always passes the "
+            f"held-out val file (paths.VERL_VAL) as data.val_files"
+        )
     entry: dict[str, Any] = {"dataset": _dataset_of(train, where)}
     if train.get("sample"):
         entry["sample"] = dict(train["sample"])
@@ -238,8 +248,12 @@ def _missing(group: list[Need], folder: Path, raw: Path) -> list[str]:
     """Why the files of ``group`` are not usable in ``folder`` (empty: they are)."""
     marker = _marker(folder)
     if marker is not None and not marker.get("complete"):
-        return [(f"an unfinished download of {marker.get('repo_id')} (started {marker.get('started')}; "
-                 f"{folder / MARKER} says complete: false)")]
+        return [
+            (
+                f"an unfinished download of {marker.get('repo_id')} (started {marker.get('started')}; "
+                f"{folder / MARKER} says complete: false)"
+            )
+        ]
     why = []
     for need in group:
         try:
@@ -254,20 +268,29 @@ def _download(hf_id: str, folder: Path, patterns: list[str]) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    write_json({"repo_id": hf_id, "allow_patterns": patterns, "complete": False, "started": started},
-               folder / MARKER)
+    write_json({"repo_id": hf_id, "allow_patterns": patterns, "complete": False, "started": started}, folder / MARKER)
     log.info("downloading %s (%s) into %s", hf_id, patterns, folder)
     try:
-        huggingface_hub.snapshot_download(repo_id=hf_id, repo_type="dataset", local_dir=str(folder),
-                                          allow_patterns=patterns)
+        huggingface_hub.snapshot_download(
+            repo_id=hf_id, repo_type="dataset", local_dir=str(folder), allow_patterns=patterns
+        )
     except Exception as err:  # network, auth (gated), missing repo: say what to do by hand
         raise PaperDataError(
             f"downloading {hf_id} failed ({type(err).__name__}: {err}). A gated dataset (Idavidrein/gpqa) needs its "
             f"terms accepted on huggingface.co and a token (HF_TOKEN or `huggingface-cli login`); on a node without "
             f"network fetch it elsewhere with `{download_command(hf_id, folder, patterns)}` and run with "
-            f"HF_HUB_OFFLINE=1") from err
-    write_json({"repo_id": hf_id, "allow_patterns": patterns, "complete": True, "started": started,
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}, folder / MARKER)
+            f"HF_HUB_OFFLINE=1"
+        ) from err
+    write_json(
+        {
+            "repo_id": hf_id,
+            "allow_patterns": patterns,
+            "complete": True,
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+        folder / MARKER,
+    )
 
 
 def fetch(wanted: list[Need], raw: str | Path, offline: bool | None = None) -> dict[str, dict[str, Any]]:
@@ -297,8 +320,10 @@ def fetch(wanted: list[Need], raw: str | Path, offline: bool | None = None) -> d
             continue
         if offline:
             users = ", ".join(u for need in group for u in need.used_by)
-            missing.append(f"- {hf_id} ({', '.join(entry['datasets'])}; for {users}): {'; '.join(why)}\n"
-                           f"    {download_command(hf_id, folder, patterns)}")
+            missing.append(
+                f"- {hf_id} ({', '.join(entry['datasets'])}; for {users}): {'; '.join(why)}\n"
+                f"    {download_command(hf_id, folder, patterns)}"
+            )
             continue
         _download(hf_id, folder, patterns)
         why = _missing(group, folder, raw)
@@ -308,7 +333,8 @@ def fetch(wanted: list[Need], raw: str | Path, offline: bool | None = None) -> d
     if missing:
         raise MissingHubData(
             f"HF_HUB_OFFLINE=1 and {len(missing)} hub dataset(s) are missing from {raw} (set {RAW_ENV} to use "
-            f"another folder); fetch them where there is network, then run again:\n" + "\n".join(missing))
+            f"another folder); fetch them where there is network, then run again:\n" + "\n".join(missing)
+        )
     return report
 
 
@@ -321,8 +347,13 @@ def _check_count(what: str, got: int, expected: Any, where: str) -> str | None:
     return f"{what}: {got} questions after the loader's filters, but {where} says n: {int(expected)}"
 
 
-def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", raw: str | Path | None = None,
-                  offline: bool | None = None) -> dict[str, Any]:
+def prepare_paper(
+    inputs: PaperData,
+    results: str | Path,
+    scale: str = "paper",
+    raw: str | Path | None = None,
+    offline: bool | None = None,
+) -> dict[str, Any]:
     """Fetch and prepare everything ``inputs`` needs into ``<results>/<scale>/data`` (the module docstring's
     layout); returns the report written to ``paths.DATA_DONE`` (last).
 
@@ -343,8 +374,15 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
     # the suites: loaded once, counted, written
     eval_cfg = {suite: suite_entry(suite, inputs.catalogue[suite]) for suite in inputs.suites}
     loaded = load_suites(eval_cfg, raw)
-    errors = [_check_count(f"suite {suite} ({eval_cfg[suite]['dataset']})", len(loaded.records[suite]),
-                           inputs.catalogue[suite].get("n"), f"{CATALOGUE} {suite}") for suite in inputs.suites]
+    errors = [
+        _check_count(
+            f"suite {suite} ({eval_cfg[suite]['dataset']})",
+            len(loaded.records[suite]),
+            inputs.catalogue[suite].get("n"),
+            f"{CATALOGUE} {suite}",
+        )
+        for suite in inputs.suites
+    ]
     errors = [e for e in errors if e]
     if errors:
         raise PaperDataError("; ".join(errors) + " (a changed hub dataset or loader: check, then fix `n`)")
@@ -358,10 +396,16 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
         path = write_records(records, paths.fmt(paths.SUITE, suite=suite, **fill))
         entry = inputs.catalogue[suite]
         suites_report[suite] = {
-            "file": os.path.relpath(path, data_dir), "count": len(records), "n": entry.get("n"),
-            "dataset": eval_cfg[suite]["dataset"], "hf_id": entry["hf_id"], "config": entry.get("config"),
-            "split": entry["split"], "kind": get_dataset(eval_cfg[suite]["dataset"]).kind,
-            "sample": eval_cfg[suite].get("sample"), "source": loaded.sources[suite],
+            "file": os.path.relpath(path, data_dir),
+            "count": len(records),
+            "n": entry.get("n"),
+            "dataset": eval_cfg[suite]["dataset"],
+            "hf_id": entry["hf_id"],
+            "config": entry.get("config"),
+            "split": entry["split"],
+            "kind": get_dataset(eval_cfg[suite]["dataset"]).kind,
+            "sample": eval_cfg[suite].get("sample"),
+            "source": loaded.sources[suite],
         }
 
     # the training sets, each decontaminated against every suite
@@ -372,8 +416,12 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
         out = paths.fmt(paths.TRAIN_SET_DIR, dataset=name, **fill)
         verl = paths.fmt(paths.VERL_DATA_DIR, dataset=name, **fill)
         rep = prepare_hub(cfg, raw, out, suites=loaded, write_suites=False, verl_dir=verl)
-        err = _check_count(f"training set {name}", rep["counts"]["train"], (data.get("train") or {}).get("n"),
-                           f"configs/data/{name}.yaml train")
+        err = _check_count(
+            f"training set {name}",
+            rep["counts"]["train"],
+            (data.get("train") or {}).get("n"),
+            f"configs/data/{name}.yaml train",
+        )
         if err:
             raise PaperDataError(err)
         verl_train = paths.fmt(paths.VERL_TRAIN, dataset=name, **fill)
@@ -384,15 +432,18 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
         contamination[name] = rep["contamination"]
         c = rep["contamination"] or {}
         sets[name] = {
-            "dataset": cfg["train"][0]["dataset"], "hf_id": data["train"]["hf_id"],
+            "dataset": cfg["train"][0]["dataset"],
+            "hf_id": data["train"]["hf_id"],
             "runs": len(inputs.runs.get(name, [])),
             "counts": {"train": rep["counts"]["train"], "val": rep["counts"].get("val", 0)},
-            "verl_train": os.path.relpath(verl_train, data_dir), "verl_val": os.path.relpath(verl_val, data_dir),
+            "verl_train": os.path.relpath(verl_train, data_dir),
+            "verl_val": os.path.relpath(verl_val, data_dir),
             "report": os.path.relpath(out / "prep_report.json", data_dir),
             "dedupe": {k: rep["dedupe"]["train"][k] for k in ("applied", "n_in", "n_kept", "n_dropped")},
             "contaminated_dropped": c.get("n_dropped", 0),
-            "contaminated_by_suite": {s: v["train_items"] for s, v in (c.get("per_eval") or {}).items()
-                                      if v["train_items"]},
+            "contaminated_by_suite": {
+                s: v["train_items"] for s, v in (c.get("per_eval") or {}).items() if v["train_items"]
+            },
             "max_prompt_chars": rep["max_prompt_chars"].get("train"),
         }
         log.info("training set %s: %s", name, sets[name]["counts"])
@@ -405,9 +456,15 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
         "raw_dir": str(raw),
         "offline": hub_offline() if offline is None else offline,
         "downloads": downloads,
-        "datasets": {need.dataset: {"hf_id": need.hub_id, "config": get_dataset(need.dataset).hub_config,
-                                    "split": get_dataset(need.dataset).hub_split, "used_by": list(need.used_by)}
-                     for need in wanted},
+        "datasets": {
+            need.dataset: {
+                "hf_id": need.hub_id,
+                "config": get_dataset(need.dataset).hub_config,
+                "split": get_dataset(need.dataset).hub_split,
+                "used_by": list(need.used_by),
+            }
+            for need in wanted
+        },
         "suites": suites_report,
         "training_sets": sets,
         "contamination_file": os.path.relpath(contamination_path, data_dir),
@@ -418,8 +475,13 @@ def prepare_paper(inputs: PaperData, results: str | Path, scale: str = "paper", 
     return report
 
 
-def download(inputs: PaperData, results: str | Path, scale: str = "paper", raw: str | Path | None = None,
-             offline: bool | None = None) -> dict[str, Any]:
+def download(
+    inputs: PaperData,
+    results: str | Path,
+    scale: str = "paper",
+    raw: str | Path | None = None,
+    offline: bool | None = None,
+) -> dict[str, Any]:
     """Only step 1 of :func:`prepare_paper` (e.g. on a login node with network, before the job that prepares with
     ``HF_HUB_OFFLINE=1``): ``{raw_dir, downloads}``; writes nothing under ``<results>/<scale>/data``."""
     raw = Path(raw) if raw is not None else raw_dir(results, scale)

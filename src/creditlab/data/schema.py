@@ -120,15 +120,17 @@ def _validate_code(solution: Any, answer: str) -> None:
     try:
         parse_tests(answer)
     except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"field 'answer' of a code record must be a test spec (rewards.code.cases.parse_tests): "
-                         f"{err}") from err
+        raise ValueError(
+            f"field 'answer' of a code record must be a test spec (rewards.code.cases.parse_tests): {err}"
+        ) from err
     if solution is None:
         return
     if not isinstance(solution, str):
         raise ValueError(f"field 'solution' must be a string or None, got {type(solution).__name__}")
     if not solution.rstrip().endswith("```") or extract_code(solution) is None:
-        raise ValueError(f"field 'solution' of a code record must end with a closed fenced code block, got "
-                         f"{solution!r}")
+        raise ValueError(
+            f"field 'solution' of a code record must end with a closed fenced code block, got {solution!r}"
+        )
 
 
 def _validate_solution(solution: Any, answer: str) -> None:
@@ -169,21 +171,30 @@ def render_prompt(question: str, template: str) -> str:
     return TEMPLATES[template](question)
 
 
-CODE_PREAMBLE = ("You will be given a question (problem specification) and will generate a correct Python program "
-                 "that matches the specification and passes all tests.")
-CODE_FORMAT_STARTER = ("You will use the following starter code to write the solution to the problem and enclose your "
-                       "code within delimiters.")
-CODE_FORMAT_STDIN = ("Read the inputs from stdin, solve the problem and write the answer to stdout (do not directly "
-                     "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when the "
-                     "python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT.")
+CODE_PREAMBLE = (
+    "You will be given a question (problem specification) and will generate a correct Python program "
+    "that matches the specification and passes all tests."
+)
+CODE_FORMAT_STARTER = (
+    "You will use the following starter code to write the solution to the problem and enclose your "
+    "code within delimiters."
+)
+CODE_FORMAT_STDIN = (
+    "Read the inputs from stdin, solve the problem and write the answer to stdout (do not directly "
+    "test on the sample inputs). Enclose your code within delimiters as follows. Ensure that when the "
+    "python program runs, it reads the inputs, runs the algorithm and writes output to STDOUT."
+)
 
 
 def render_code_prompt(question: str, starter_code: str = "") -> str:
     """The prompt of a code problem for a hub model [ours: after LiveCodeBench's generic code-generation
     prompt]: the question, then the answer format -- the starter code to complete (LeetCode-style functional
     problems) or a stdin/stdout program -- in a ```python fenced block, which the code verifier extracts."""
-    fmt = (f"{CODE_FORMAT_STARTER}\n```python\n{starter_code}\n```" if starter_code.strip()
-           else f"{CODE_FORMAT_STDIN}\n```python\n# YOUR CODE HERE\n```")
+    fmt = (
+        f"{CODE_FORMAT_STARTER}\n```python\n{starter_code}\n```"
+        if starter_code.strip()
+        else f"{CODE_FORMAT_STDIN}\n```python\n# YOUR CODE HERE\n```"
+    )
     answer = "### Answer: (use the provided format with backticks)"
     return f"{CODE_PREAMBLE}\n\n### Question:\n{question}\n\n### Format: {fmt}\n\n{answer}\n\n"
 

@@ -96,8 +96,10 @@ def code_solution(at: int, slope: int, intercept: int) -> tuple[str, str]:
 
 def code_tests(slope: int, intercept: int, xs: Iterable[int], time_limit_s: float) -> str:
     """The gold test spec (JSON, LiveCodeBench's functional format) of ``slope*x+intercept`` on ``xs``."""
-    tests = [{"input": json.dumps(int(x)), "output": json.dumps(slope * int(x) + intercept), "testtype": "functional"}
-             for x in xs]
+    tests = [
+        {"input": json.dumps(int(x)), "output": json.dumps(slope * int(x) + intercept), "testtype": "functional"}
+        for x in xs
+    ]
     return json.dumps({"func_name": CODE_FUNC, "tests": tests, "time_limit_s": float(time_limit_s)}, sort_keys=True)
 
 
@@ -123,11 +125,14 @@ def generate_code_split(
     a_lo, a_hi = _inclusive(slope, "slope")
     b_lo, b_hi = _inclusive(intercept, "intercept")
     if at_lo < 0 or a_lo < 2 or a_hi > 9 or b_lo < 1:
-        raise ValueError(f"code knobs out of range: at {[at_lo, at_hi]} (>= 0), slope {[a_lo, a_hi]} (2-9), "
-                         f"intercept {[b_lo, b_hi]} (>= 1)")
+        raise ValueError(
+            f"code knobs out of range: at {[at_lo, at_hi]} (>= 0), slope {[a_lo, a_hi]} (2-9), "
+            f"intercept {[b_lo, b_hi]} (>= 1)"
+        )
     if not 1 <= n_tests <= CODE_TEST_INPUTS - 2 or time_limit_s <= 0:
-        raise ValueError(f"tests must be in [1, {CODE_TEST_INPUTS - 2}] and time_limit_s > 0, got {n_tests}, "
-                         f"{time_limit_s}")
+        raise ValueError(
+            f"tests must be in [1, {CODE_TEST_INPUTS - 2}] and time_limit_s > 0, got {n_tests}, {time_limit_s}"
+        )
     rng = np.random.default_rng(seed)
 
     def draw() -> tuple[str, tuple[int, int, int, list[int]]]:
@@ -140,13 +145,19 @@ def generate_code_split(
     available = (at_hi - at_lo + 1) * (a_hi - a_lo + 1) * (b_hi - b_lo + 1)
     knobs = f"at in [{at_lo}, {at_hi}], slope in [{a_lo}, {a_hi}], intercept in [{b_lo}, {b_hi}]"
     records = []
-    for i, (x0, a, b, xs) in enumerate(_unique_draws(n, draw, exclude, split=split, available=available,
-                                                     knobs=knobs)):
+    for i, (x0, a, b, xs) in enumerate(_unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)):
         question, solution = code_solution(x0, a, b)
-        records.append(make_record(
-            id=f"{CODE_SOURCE}/{split}/{i:06d}", source=CODE_SOURCE, split=split, question=question,
-            answer=code_tests(a, b, xs, time_limit_s), solution=solution,
-            meta={"at": x0, "slope": a, "intercept": b, "n_tests": n_tests}))
+        records.append(
+            make_record(
+                id=f"{CODE_SOURCE}/{split}/{i:06d}",
+                source=CODE_SOURCE,
+                split=split,
+                question=question,
+                answer=code_tests(a, b, xs, time_limit_s),
+                solution=solution,
+                meta={"at": x0, "slope": a, "intercept": b, "n_tests": n_tests},
+            )
+        )
     return records
 
 
@@ -194,14 +205,27 @@ def generate_choice_split(
     knobs = f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, max_value={max_value}"
     records = []
     for i, (n_ops, digits, expr, solution, opts) in enumerate(
-            _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)):
+        _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)
+    ):
         rid = f"{CHOICE_SOURCE}/{split}/{i:06d}"
         shuffled, letter = shuffle_options(opts, 0, seed, rid)
         steps = solution[: solution.rindex(boxed(opts[0]))]  # the arithmetic steps, then the letter
-        records.append(make_record(
-            id=rid, source=CHOICE_SOURCE, split=split, question=render_mc_question(expr, shuffled), answer=letter,
-            solution=steps + boxed(letter),
-            meta={"problem": expr, "value": opts[0], "n_options": len(opts), "n_ops": n_ops, "digits": digits,
-                  "max_value": max_value}))
+        records.append(
+            make_record(
+                id=rid,
+                source=CHOICE_SOURCE,
+                split=split,
+                question=render_mc_question(expr, shuffled),
+                answer=letter,
+                solution=steps + boxed(letter),
+                meta={
+                    "problem": expr,
+                    "value": opts[0],
+                    "n_options": len(opts),
+                    "n_ops": n_ops,
+                    "digits": digits,
+                    "max_value": max_value,
+                },
+            )
+        )
     return records
-

@@ -102,7 +102,7 @@ def record_from_verl_row(row: dict[str, Any], template: str = "boxed") -> dict[s
     extra = row["extra_info"]
     meta = json.loads(extra["meta"])
     code = template == "boxed" and data_source_kind(row["data_source"]) == "code"
-    marker = (render_code_prompt("\x00", "\x01") if code else render_prompt("\x00", template))
+    marker = render_code_prompt("\x00", "\x01") if code else render_prompt("\x00", template)
     if code and not str(meta.get("starter_code") or "").strip():
         marker = render_code_prompt("\x00")
     head, _, tail = marker.partition("\x00")

@@ -35,16 +35,35 @@ def token_stats(logp_rl: Tensor, logp_base: Tensor, tokens: Tensor) -> dict[str,
 
 
 @torch.no_grad()
-def collect_token_stats(base, rl, prompt_ids: list[list[int]], *, source: str, max_new_tokens: int,
-                        eos_id: int | list[int], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                        seed: int = 0, chunk: int = 256) -> dict[str, np.ndarray]:
+def collect_token_stats(
+    base,
+    rl,
+    prompt_ids: list[list[int]],
+    *,
+    source: str,
+    max_new_tokens: int,
+    eos_id: int | list[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chunk: int = 256,
+) -> dict[str, np.ndarray]:
     """Sample one response per prompt from ``source`` ("base" or "rl"), score every token with both models.
 
     eos_id: the stop token(s) (a hub checkpoint's list). The models may live on different devices (a GPU each): the
     statistics are computed on the RL model's."""
     sampler_model = base if source == "base" else rl
-    gen = generate(sampler_model, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                   temperature=temperature, top_p=top_p, seed=seed)
+    gen = generate(
+        sampler_model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
     out: dict[str, list[np.ndarray]] = {k: [] for k in STATS}
     for i in range(0, len(prompt_ids), chunk):
         batch = pack(prompt_ids[i : i + chunk], gen.response_ids[i : i + chunk], pad_id)
@@ -60,7 +79,14 @@ def collect_token_stats(base, rl, prompt_ids: list[list[int]], *, source: str, m
 def summarize(values: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, dict[str, float]]]:
     """Quantiles of every statistic per source: {source: {stat: {n, mean, q01, q05, q25, q50, q75, q95, q99}}}."""
     qs = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
-    return {src: {k: {"n": int(v.size), "mean": float(v.mean()),
-                      **{f"q{int(q * 100):02d}": float(np.quantile(v, q)) for q in qs}}
-                  for k, v in stats.items()}
-            for src, stats in values.items()}
+    return {
+        src: {
+            k: {
+                "n": int(v.size),
+                "mean": float(v.mean()),
+                **{f"q{int(q * 100):02d}": float(np.quantile(v, q)) for q in qs},
+            }
+            for k, v in stats.items()
+        }
+        for src, stats in values.items()
+    }

@@ -209,8 +209,18 @@ def selective_generate(
     params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p)
     rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
                      top_k_support=top_k_support, params=params)  # fmt: skip
-    return decode_with_rule(primary, secondary, prompt_ids, rule, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                            pad_id=pad_id, seed=seed, batch_size=batch_size, progress=progress)
+    return decode_with_rule(
+        primary,
+        secondary,
+        prompt_ids,
+        rule,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+    )
 
 
 def decode_with_rule(

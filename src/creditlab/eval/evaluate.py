@@ -32,11 +32,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from creditlab.progress import progress as progress_bar
-
 from creditlab.data.schema import render_record_prompt
 from creditlab.eval.metrics import per_question_metrics, summarize_suite
 from creditlab.lm.sampler import Generation, SamplingParams, generate
+from creditlab.progress import progress as progress_bar
 from creditlab.rewards.scorer import RewardScorer
 from creditlab.stats import bootstrap_average
 
@@ -64,9 +63,18 @@ class GenerateFn(Protocol):
     metrics.json under ``settings.decoder``.
     """
 
-    def __call__(self, prompt_ids: list[list[int]], *, params: SamplingParams, max_new_tokens: int,
-                 eos_id: int | list[int], pad_id: int, seed: int, batch_size: int | None,
-                 progress: bool) -> tuple[Generation, DecodeStats]: ...
+    def __call__(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        params: SamplingParams,
+        max_new_tokens: int,
+        eos_id: int | list[int],
+        pad_id: int,
+        seed: int,
+        batch_size: int | None,
+        progress: bool,
+    ) -> tuple[Generation, DecodeStats]: ...
 
 
 def plain_generate_fn(model: torch.nn.Module) -> GenerateFn:
@@ -88,8 +96,10 @@ def stop_token_ids(tokenizer: Any, model_dir: str | Path) -> list[int]:
         eos = json.loads(gen.read_text()).get("eos_token_id")
         ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
     if not ids:
-        raise ValueError(f"no stop token: tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no EOS and "
-                         f"{gen} names no eos_token_id")
+        raise ValueError(
+            f"no stop token: tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no EOS and "
+            f"{gen} names no eos_token_id"
+        )
     return list(dict.fromkeys(int(i) for i in ids))
 
 
@@ -111,8 +121,9 @@ def encode_prompts(tokenizer: Any, records: Sequence[dict], template: str, chat:
     if not chat:
         return texts, [list(tokenizer(p)["input_ids"]) for p in texts]
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"eval.chat_template is on but tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has "
-                         f"no chat template")
+        raise ValueError(
+            f"eval.chat_template is on but tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template"
+        )
     kw = dict(add_generation_prompt=True, **(chat_kwargs or {}))
     prompts, ids = [], []
     for text in texts:
@@ -207,9 +218,16 @@ def _generation_rows(
     order = sorted(range(len(owner)), key=lambda g: (owner[g], sample[g]))
     return [
         {
-            "id": records[owner[g]]["id"], "suite": suite, "sample": sample[g], "prompt": prompts[owner[g]],
-            "response": texts[g], "pred": scorer.extract(texts[g]), "gold": golds[owner[g]],
-            "correct": bool(scores[g] > 0), "score": scores[g], "n_tokens": len(responses[g]),
+            "id": records[owner[g]]["id"],
+            "suite": suite,
+            "sample": sample[g],
+            "prompt": prompts[owner[g]],
+            "response": texts[g],
+            "pred": scorer.extract(texts[g]),
+            "gold": golds[owner[g]],
+            "correct": bool(scores[g] > 0),
+            "score": scores[g],
+            "n_tokens": len(responses[g]),
             "finished": bool(finished[g]),
             **{name: int(values[g]) for name, values in (stats or {}).items() if name != "n_tokens"},
         }  # fmt: skip
@@ -225,8 +243,10 @@ def _per_question_decode_counts(rows: Sequence[dict], q: int, k: int) -> dict[st
     counters = [name for name in RATE_STATS if name in rows[0]] if rows else []
     if not counters:
         return {}
+
     def per_q(field: str) -> list[int]:
         return np.array([r[field] for r in rows], dtype=np.int64).reshape(q, k + 1)[:, 1:].sum(1).tolist()
+
     return {"tokens": per_q("n_tokens"), **{name: per_q(name) for name in counters}}
 
 
@@ -420,11 +440,19 @@ def evaluate_model(
         "k": k,
         "ks": list(ks),
         "settings": {
-            "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
-            "template": template, "chat_template": chat, "chat_kwargs": chat_kwargs or {}, "eos_id": eos_id,
-            "batch_size": batch_size, "reward": _one_or_per_suite({n: sc.reward for n, sc in scorers.items()}),
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "template": template,
+            "chat_template": chat,
+            "chat_kwargs": chat_kwargs or {},
+            "eos_id": eos_id,
+            "batch_size": batch_size,
+            "reward": _one_or_per_suite({n: sc.reward for n, sc in scorers.items()}),
             "reward_timeout_s": _one_or_per_suite({n: sc.timeout_s for n, sc in scorers.items()}),
-            "n_boot": N_BOOT, "alpha": ALPHA,
+            "n_boot": N_BOOT,
+            "alpha": ALPHA,
             "decoder": getattr(generate_fn, "settings", None) or {"name": "sampler"},
         },  # fmt: skip
         "reward_stats": _reward_stats(scorers),

@@ -67,8 +67,10 @@ def run_analysis(results: str | Path, plan, paper: str, name: str, progress: boo
     if not getattr(mod, "NEEDS_MODEL", True):
         weights = None
         src = None
-        result = mod.analyze(AnalysisContext(trainer=None, decode=None, seed=seed, results=results, scale=run.scale,
-                                             paper=paper), **an.kwargs)
+        result = mod.analyze(
+            AnalysisContext(trainer=None, decode=None, seed=seed, results=results, scale=run.scale, paper=paper),
+            **an.kwargs,
+        )
     else:
         torch.set_num_threads(int(cfg.get("threads", 1)))
         src = run_sources(run, cfg, results)
@@ -78,52 +80,96 @@ def run_analysis(results: str | Path, plan, paper: str, name: str, progress: boo
         records = src.load_records()
         prompt_ids, stop_ids = src.encode(tok, records), src.stop_ids(tok)
         weights = src.weights(load_from)
-        with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer, \
-                tempfile.TemporaryDirectory() as scratch:
+        with (
+            RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer,
+            tempfile.TemporaryDirectory() as scratch,
+        ):
 
             def make_trainer(overrides: list[str] = ()) -> Trainer:
-                c = cfg if not overrides else compose(run.scale, run.backbone, run.method,
-                                                      [*run.overrides, *overrides], run.seed) | {"run": cfg["run"]}
+                c = (
+                    cfg
+                    if not overrides
+                    else compose(run.scale, run.backbone, run.method, [*run.overrides, *overrides], run.seed)
+                    | {"run": cfg["run"]}
+                )
                 model = src.load_model(load_from, dtype=torch.float32)  # the trainer's precision (hub: bf16 snapshot)
-                trainer = Trainer(c, model, tok, records, scorer, Path(scratch) / "unused", progress=progress,
-                                  prompt_ids=prompt_ids, stop_ids=stop_ids)
+                trainer = Trainer(
+                    c,
+                    model,
+                    tok,
+                    records,
+                    scorer,
+                    Path(scratch) / "unused",
+                    progress=progress,
+                    prompt_ids=prompt_ids,
+                    stop_ids=stop_ids,
+                )
                 if at_step is not None:  # the run's state after step N, optimizer included
                     states.append(mid_training_state(trainer, src, at_step, Path(scratch) / "replayed"))
                 elif start == "trained":  # the run's final optimizer state too (Adam's moments shape an update)
                     states.append(src.resume_trained(trainer))
                 return trainer
 
-            ctx = AnalysisContext(trainer=make_trainer(), decode=lambda i: tok.decode([i]), seed=seed,
-                                  make_trainer=make_trainer, method_config=_method_configs(plan, paper, an, run),
-                                  reference=((lambda: src.load_model("base", dtype=torch.float32))
-                                             if start == "trained" else None),
-                                  results=results, scale=run.scale, paper=paper)
+            ctx = AnalysisContext(
+                trainer=make_trainer(),
+                decode=lambda i: tok.decode([i]),
+                seed=seed,
+                make_trainer=make_trainer,
+                method_config=_method_configs(plan, paper, an, run),
+                reference=((lambda: src.load_model("base", dtype=torch.float32)) if start == "trained" else None),
+                results=results,
+                scale=run.scale,
+                paper=paper,
+            )
             result = mod.analyze(ctx, **an.kwargs)
-    note = {"paper": "", "smoke": "random-init stand-in of the backbone on the hub fixtures (scale smoke): the numbers "
-            "mean nothing"}.get(run.scale, "tiny-model numbers on synthetic suites, never the paper's")
-    result["provenance"] = {"paper": paper, "analysis": name, "run_key": run.key, "start": an.start,
-                            "weights": str(weights) if src else "none (reads built results)",
-                            "tokenizer": str(src.tokenizer_path) if src else None,
-                            "records": str(src.train_records) if src else None,
-                            "prompts": ("chat template" if src.hub else "plain") if src else None,
-                            "stop_ids": stop_ids if src else None, "start_state": states[0] if states else None,
-                            "params": an.kwargs, "commit": git_commit(),
-                            "seconds": time.perf_counter() - t0, "scale": run.scale, "note": note}
+    note = {
+        "paper": "",
+        "smoke": "random-init stand-in of the backbone on the hub fixtures (scale smoke): the numbers mean nothing",
+    }.get(run.scale, "tiny-model numbers on synthetic suites, never the paper's")
+    result["provenance"] = {
+        "paper": paper,
+        "analysis": name,
+        "run_key": run.key,
+        "start": an.start,
+        "weights": str(weights) if src else "none (reads built results)",
+        "tokenizer": str(src.tokenizer_path) if src else None,
+        "records": str(src.train_records) if src else None,
+        "prompts": ("chat template" if src.hub else "plain") if src else None,
+        "stop_ids": stop_ids if src else None,
+        "start_state": states[0] if states else None,
+        "params": an.kwargs,
+        "commit": git_commit(),
+        "seconds": time.perf_counter() - t0,
+        "scale": run.scale,
+        "note": note,
+    }
     out = dict(results=results, scale=run.scale, paper=paper, analysis=name)
     js, md, png = (paths.fmt(p, **out) for p in (paths.ANALYSIS_JSON, paths.ANALYSIS_MD, paths.ANALYSIS_PNG))
     for p in (js, md, png):
         p.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# {paper}/{name}: {an.caption}\n\nRun `{run.key}` "
-              f"({f'{an.start} weights' if src else 'no model: reads built results'}), commit "
-              f"`{result['provenance']['commit']}`, {result['provenance']['seconds']:.0f} s. "
-              f"{result['provenance']['note']}{_start_line(states[0] if states else None)}\n\nParams: "
-              f"`{yaml.safe_dump(an.kwargs, default_flow_style=True, width=10**6).strip()}`\n\n")
+    header = (
+        f"# {paper}/{name}: {an.caption}\n\nRun `{run.key}` "
+        f"({f'{an.start} weights' if src else 'no model: reads built results'}), commit "
+        f"`{result['provenance']['commit']}`, {result['provenance']['seconds']:.0f} s. "
+        f"{result['provenance']['note']}{_start_line(states[0] if states else None)}\n\nParams: "
+        f"`{yaml.safe_dump(an.kwargs, default_flow_style=True, width=10**6).strip()}`\n\n"
+    )
     mod.plot(result, png)
     md.write_text(header + mod.markdown(result))
     write_markdown_html(md, paths.fmt(paths.ANALYSIS_HTML, **out), title=f"{paper}/{name}")
-    publish_analysis(results, spec.experiment, run.scale, paper, name, an.kind, result,
-                     getattr(mod, "metrics", lambda r: {})(result), md.read_text(), [md, png],
-                     local_dir=js.parent / f".{name}_mlflow")
+    publish_analysis(
+        results,
+        spec.experiment,
+        run.scale,
+        paper,
+        name,
+        an.kind,
+        result,
+        getattr(mod, "metrics", lambda r: {})(result),
+        md.read_text(),
+        [md, png],
+        local_dir=js.parent / f".{name}_mlflow",
+    )
     tmp = js.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2, default=_jsonable) + "\n")
     os.replace(tmp, js)  # last: the JSON is the rule's completion marker
@@ -166,8 +212,14 @@ def mid_training_state(trainer, src, step: int, replayed: Path) -> dict[str, Any
     unused, trainer.ckpt_dir = trainer.ckpt_dir, replayed
     try:
         if trainer.maybe_resume():
-            return {"source": "replay", "step": trainer.step, "checkpoint": None, "weights": "its weights",
-                    "optimizer": "its AdamW moments, scheduler and RNG states", "replay_check": "same job"}
+            return {
+                "source": "replay",
+                "step": trainer.step,
+                "checkpoint": None,
+                "weights": "its weights",
+                "optimizer": "its AdamW moments, scheduler and RNG states",
+                "replay_check": "same job",
+            }
     finally:
         trainer.ckpt_dir = unused
     trainer.fit(until=step)
@@ -186,11 +238,18 @@ def mid_training_state(trainer, src, step: int, replayed: Path) -> dict[str, Any
                 if "step" in rec and "reward_mean" in rec:
                     logged[int(rec["step"])] = float(rec["reward_mean"])
         pairs = [(logged[k], h["reward_mean"]) for k, h in enumerate(trainer.history) if k in logged]
-        check = {"steps_compared": len(pairs),
-                 "max_abs_reward_mean_diff": max((abs(a - b) for a, b in pairs), default=float("nan"))}
-    return {"source": "replay", "step": trainer.step, "checkpoint": None,
-            "weights": f"the base model trained {trainer.step} steps by the run's own trainer (replayed)",
-            "optimizer": "its AdamW moments, scheduler and RNG states after those steps", "replay_check": check}
+        check = {
+            "steps_compared": len(pairs),
+            "max_abs_reward_mean_diff": max((abs(a - b) for a, b in pairs), default=float("nan")),
+        }
+    return {
+        "source": "replay",
+        "step": trainer.step,
+        "checkpoint": None,
+        "weights": f"the base model trained {trainer.step} steps by the run's own trainer (replayed)",
+        "optimizer": "its AdamW moments, scheduler and RNG states after those steps",
+        "replay_check": check,
+    }
 
 
 def _start_line(state: dict[str, Any] | None) -> str:
@@ -198,11 +257,15 @@ def _start_line(state: dict[str, Any] | None) -> str:
     if state is None:
         return ""
     if state.get("source") == "replay":
-        return (f"\n\nStart state: the run's step {state['step']}, replayed from the base model by the run's own "
-                f"trainer ({state['optimizer']}); replay check against the run's log: {state['replay_check']}.")
+        return (
+            f"\n\nStart state: the run's step {state['step']}, replayed from the base model by the run's own "
+            f"trainer ({state['optimizer']}); replay check against the run's log: {state['replay_check']}."
+        )
     where = "its own checkpoint" if state["source"] == "local" else "verl's FSDP checkpoint"
-    return (f"\n\nStart state: the run's step {state['step']} from {where} `{state['checkpoint']}`: "
-            f"{state['weights']}, {state['optimizer']}.")
+    return (
+        f"\n\nStart state: the run's step {state['step']} from {where} `{state['checkpoint']}`: "
+        f"{state['weights']}, {state['optimizer']}."
+    )
 
 
 def _jsonable(x: Any) -> Any:

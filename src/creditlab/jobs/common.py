@@ -55,9 +55,15 @@ def parent_run(run):
 def run_tags(run, cfg: dict[str, Any]) -> dict[str, str]:
     """The MLflow tags of a planned run."""
     return {
-        "paper": run.papers[0] if run.papers else "", "papers": ",".join(run.papers),
-        "table": ",".join(run.tables), "method": run.method, "run": run.run, "backbone": run.backbone,
-        "seed": str(run.seed), "scale": run.scale, "git_commit": git_commit(),
+        "paper": run.papers[0] if run.papers else "",
+        "papers": ",".join(run.papers),
+        "table": ",".join(run.tables),
+        "method": run.method,
+        "run": run.run,
+        "backbone": run.backbone,
+        "seed": str(run.seed),
+        "scale": run.scale,
+        "git_commit": git_commit(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
     }
 

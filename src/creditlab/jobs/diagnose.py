@@ -14,8 +14,9 @@ from creditlab.plan import run_config
 from creditlab.tables.figures import plot_token_histograms
 
 
-def diagnose(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
-             suites: list[str] | None = None) -> None:
+def diagnose(
+    results: str | Path, plan, backbone: str, run_name: str, seed: int, *, suites: list[str] | None = None
+) -> None:
     """Token diagnostics of run (backbone, run_name, seed) of the plan vs its base model.
 
     One response per prompt of ``suites`` (default: tiny/micro easy, medium, hard; paper/smoke the suites the run's
@@ -46,13 +47,32 @@ def diagnose(results: str | Path, plan, backbone: str, run_name: str, seed: int,
     records = [r for s in suites for r in read_records(src.suite(s))]
     prompts = src.encode(tok, records)
     e = cfg["eval"]
-    values = {s: collect_token_stats(base, rl, prompts, source=s, max_new_tokens=e["max_new_tokens"],
-                                     eos_id=src.stop_ids(tok), pad_id=tok.pad_token_id if tok.pad_token_id is not None
-                                     else tok.eos_token_id, temperature=e["temperature"], top_p=e["top_p"],
-                                     seed=run.seed)
-              for s in ("base", "rl")}
+    values = {
+        s: collect_token_stats(
+            base,
+            rl,
+            prompts,
+            source=s,
+            max_new_tokens=e["max_new_tokens"],
+            eos_id=src.stop_ids(tok),
+            pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            temperature=e["temperature"],
+            top_p=e["top_p"],
+            seed=run.seed,
+        )
+        for s in ("base", "rl")
+    }
     png = paths.fmt(paths.DIAG_PNG, **fill)
     plot_token_histograms(values, png, f"{run.key}: base vs RL outputs (suites {','.join(suites)})")
-    write_json({"run_key": run.key, "suites": suites, "stats": summarize(values),
-                "base": str(src.base), "rl": str(src.trained), "n_prompts": len(prompts),
-                "prompts": "chat template" if src.hub else "plain"}, png.with_suffix(".json"))
+    write_json(
+        {
+            "run_key": run.key,
+            "suites": suites,
+            "stats": summarize(values),
+            "base": str(src.base),
+            "rl": str(src.trained),
+            "n_prompts": len(prompts),
+            "prompts": "chat template" if src.hub else "plain",
+        },
+        png.with_suffix(".json"),
+    )

@@ -24,8 +24,16 @@ from creditlab.tracking.mlflow_tracker import Tracker
 from creditlab.tracking.provenance import git_commit
 
 
-def evaluate(results: str | Path, plan, backbone: str, run_name: str, seed: int, *, decode: str | None = None,
-             quiet: bool = False) -> None:
+def evaluate(
+    results: str | Path,
+    plan,
+    backbone: str,
+    run_name: str,
+    seed: int,
+    *,
+    decode: str | None = None,
+    quiet: bool = False,
+) -> None:
     """Evaluate run (backbone, run_name, seed) of the plan on the suites of the tables (of every paper) that read
     this evaluation (:meth:`Plan.eval_suites`); with ``decode`` (a paper config's ``decodes`` name) by that test-time
     decoding, mixing the backbone's base model and the run's RL model, under ``decode/NAME/``."""
@@ -54,10 +62,18 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
     if backend not in ("local", "vllm"):
         raise SystemExit(f"{run.key}: eval.backend must be 'local' or 'vllm', got {backend!r}")
     if hub and backend != "vllm":
-        raise SystemExit(f"{run.key}: {cfg['model']['hf_id']} is a hub model, evaluated with vLLM: set "
-                         f"eval.backend=vllm (the local sampler is for the tiny models)")
-    fill = dict(results=results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed,
-                decode=decode.name if decode else None)
+        raise SystemExit(
+            f"{run.key}: {cfg['model']['hf_id']} is a hub model, evaluated with vLLM: set "
+            f"eval.backend=vllm (the local sampler is for the tiny models)"
+        )
+    fill = dict(
+        results=results,
+        scale=run.scale,
+        backbone=run.backbone,
+        run=run.run,
+        seed=run.seed,
+        decode=decode.name if decode else None,
+    )
     data_dir = paths.fmt(paths.DATA_DIR, **fill)
     out = paths.fmt(paths.EVAL_DIR if decode is None else paths.DECODE_EVAL_DIR, **fill)
     run_dir = paths.fmt(paths.RUN_DIR, **fill)
@@ -76,8 +92,16 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
         config_path = out / "config.yaml"
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        tracker = Tracker.start(results, run.experiment, run.key, run.key, tags=run_tags(run, cfg), params=cfg,
-                                local_dir=out, parent=parent_run(run))
+        tracker = Tracker.start(
+            results,
+            run.experiment,
+            run.key,
+            run.key,
+            tags=run_tags(run, cfg),
+            params=cfg,
+            local_dir=out,
+            parent=parent_run(run),
+        )
     settings = decode.settings(run.scale) if decode else None
     with tracker, ExitStack() as stack:  # tracker: ends the MLflow run it opened FAILED if anything below raises
         tok = src.load_tokenizer()  # tiny: the data's tokenizer; hub: model.tokenizer or the snapshot's own
@@ -104,15 +128,27 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
                                 "decode": settings | {"name": decode.name} if decode else None}  # fmt: skip
         write_json(result, out / "metrics.json")
         flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
-        flat |= {f"{prefix}/{s}/replacement_rate": r["replacement_rate"] for s, r in result["suites"].items()
-                 if r.get("replacement_rate") is not None}
+        flat |= {
+            f"{prefix}/{s}/replacement_rate": r["replacement_rate"]
+            for s, r in result["suites"].items()
+            if r.get("replacement_rate") is not None
+        }
         tracker.log_metrics(flat, cfg["trainer"]["steps"] if run.trains else 0)
         tracker.log_artifact(out / "metrics.json")
     return result
 
 
-def evaluate_suites(model, tok, suites: dict[str, list[dict]], cfg: dict[str, Any], seed: int, out: Path,
-                    quiet: bool, generate_fn=None, eos_id: int | list[int] | None = None) -> dict[str, Any]:
+def evaluate_suites(
+    model,
+    tok,
+    suites: dict[str, list[dict]],
+    cfg: dict[str, Any],
+    seed: int,
+    out: Path,
+    quiet: bool,
+    generate_fn=None,
+    eos_id: int | list[int] | None = None,
+) -> dict[str, Any]:
     """The one evaluation path (eval settings of ``cfg``): per-sample jsonl + metrics.json under ``out``.
 
     Each suite is judged by the reward of its verifier kind (:mod:`creditlab.rewards.routing`: the run's

@@ -19,11 +19,12 @@ def prepare_hub(results: str | Path, plan, *, download_only: bool = False) -> No
         report = prepare_paper.run(plan, results, download_only=download_only)
     except prepare_paper.PaperDataError as err:
         raise SystemExit(f"prepare at scale {plan.scale!r}: {err}") from None
-    summary = {"raw_dir": report["raw_dir"],
-               "downloads": {h: r["status"] for h, r in report["downloads"].items()}}
+    summary = {"raw_dir": report["raw_dir"], "downloads": {h: r["status"] for h, r in report["downloads"].items()}}
     if not download_only:
-        summary |= {"suites": {s: r["count"] for s, r in report["suites"].items()},
-                    "training_sets": {d: r["counts"] for d, r in report["training_sets"].items()}}
+        summary |= {
+            "suites": {s: r["count"] for s, r in report["suites"].items()},
+            "training_sets": {d: r["counts"] for d, r in report["training_sets"].items()},
+        }
     print(json.dumps(summary, indent=1))
 
 
@@ -31,8 +32,9 @@ def prepare_tiny(results: str | Path, scale: str, backbone: str, *, download_onl
     """Tiny and micro scale: generate the tiny world (train/val splits, held-out suites with overlap 0, tokenizer)
     under results/<scale>/data from the data config of ``backbone`` (any: the data do not depend on it)."""
     if download_only:
-        raise SystemExit(f"prepare --download-only is for scale 'paper' (hub datasets); scale {scale!r} downloads "
-                         f"nothing")
+        raise SystemExit(
+            f"prepare --download-only is for scale 'paper' (hub datasets); scale {scale!r} downloads nothing"
+        )
     from creditlab.data.prepare import prepare_tiny as generate  # torch and transformers: the tiny world only
 
     cfg = compose(scale, backbone)

@@ -13,7 +13,11 @@ from creditlab import paths
 from creditlab.plan import BASE_RUN, compose, run_config
 from creditlab.tables.build import build_table, write_table
 from creditlab.tables.figures import (
-    plot_bars, plot_replacement_curves, plot_scatter, plot_token_credit, plot_training_curves,
+    plot_bars,
+    plot_replacement_curves,
+    plot_scatter,
+    plot_token_credit,
+    plot_training_curves,
 )
 from creditlab.tables.frame import row_run_ids
 from creditlab.tables.html import write_markdown_html
@@ -40,8 +44,15 @@ def table(results: str | Path, plan, paper: str, name: str) -> None:
     k = eval_k(plan, paper)
     fill = dict(results=results, scale=plan.scale, paper=paper, table=name)
     seeds = plan.paper_seeds(paper)
-    df = build_table(spec, name, plan.scale, seeds, Path(results) / plan.scale / "evals", k,
-                     runs_dir=Path(results) / plan.scale / "runs")
+    df = build_table(
+        spec,
+        name,
+        plan.scale,
+        seeds,
+        Path(results) / plan.scale / "evals",
+        k,
+        runs_dir=Path(results) / plan.scale / "runs",
+    )
     csv, md = paths.fmt(paths.TABLE_CSV, **fill), paths.fmt(paths.TABLE_MD, **fill)
     write_table(df, tab, spec, csv, md)
     html = write_markdown_html(md, paths.fmt(paths.TABLE_HTML, **fill), title=f"{paper}: table {name}")
@@ -52,11 +63,22 @@ def table(results: str | Path, plan, paper: str, name: str) -> None:
         backbone = spec.backbone_for(row.backbone, plan.scale)
         for seed in seeds:
             series[f"{row.label} · {backbone} · s{seed}"] = paths.fmt(
-                paths.RUN_METRICS, results=results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed)
+                paths.RUN_METRICS, results=results, scale=plan.scale, backbone=backbone, run=row.run, seed=seed
+            )
     curves = paths.fmt(paths.CURVES_PNG, **fill)
     plot_training_curves(series, curves, keys=tab.curves, title=f"{spec.title}: {name}")
-    link = publish_table(Path(results), spec.experiment, plan.scale, paper, name, df, md.read_text(),
-                         [csv, md, html, curves], local_dir=csv.parent / f".{name}_mlflow", run_ids=row_run_ids(df))
+    link = publish_table(
+        Path(results),
+        spec.experiment,
+        plan.scale,
+        paper,
+        name,
+        df,
+        md.read_text(),
+        [csv, md, html, curves],
+        local_dir=csv.parent / f".{name}_mlflow",
+        run_ids=row_run_ids(df),
+    )
     if link:
         print(f"MLflow: table run {paper}/{name}, compare its rows at <mlflow ui>/{link}", file=sys.stderr)
 
@@ -66,12 +88,18 @@ def ledger(results: str | Path, plan, paper: str) -> None:
     provenance, and its claims tested by a paired bootstrap (creditlab.tables.ledger). Reads the table CSVs."""
     spec = plan.papers[paper]
     k = eval_k(plan, paper)
-    tables = {name: pd.read_csv(paths.fmt(paths.TABLE_CSV, results=results, scale=plan.scale, paper=paper,
-                                          table=name), keep_default_na=False, na_values=[""])
-              for name in spec.built_at(plan.scale)}
+    tables = {
+        name: pd.read_csv(
+            paths.fmt(paths.TABLE_CSV, results=results, scale=plan.scale, paper=paper, table=name),
+            keep_default_na=False,
+            na_values=[""],
+        )
+        for name in spec.built_at(plan.scale)
+    }
     root = Path(results) / plan.scale
-    df, verdicts = build_ledger(spec, plan.scale, plan.paper_seeds(paper), tables, root / "evals", k,
-                                root / "runs", tracking_uri(Path(results)))
+    df, verdicts = build_ledger(
+        spec, plan.scale, plan.paper_seeds(paper), tables, root / "evals", k, root / "runs", tracking_uri(Path(results))
+    )
     fill = dict(results=results, scale=plan.scale, paper=paper)
     md = paths.fmt(paths.LEDGER_MD, **fill)
     write_ledger(spec, plan.scale, df, verdicts, paths.fmt(paths.LEDGER_CSV, **fill), md)
@@ -89,8 +117,10 @@ def figure(results: str | Path, plan, paper: str, name: str) -> None:
     if fig.kind == "token_histograms":
         raise SystemExit(f"figure {name!r} ({fig.kind}) is drawn by `diagnose`, not `figure`")
     if name not in spec.figures_at(plan.scale):
-        raise SystemExit(f"figure {name!r} cannot be drawn at scale {plan.scale!r}: its table or column has "
-                         f"no benchmark with a stand-in there; drawable: {spec.figures_at(plan.scale)}")
+        raise SystemExit(
+            f"figure {name!r} cannot be drawn at scale {plan.scale!r}: its table or column has "
+            f"no benchmark with a stand-in there; drawable: {spec.figures_at(plan.scale)}"
+        )
     fill = dict(results=results, scale=plan.scale, paper=paper, table=fig.table, figure=name)
     png = paths.fmt(paths.FIGURE_PNG, **fill)
     if fig.kind == "token_credit":
@@ -111,11 +141,23 @@ def token_credit_figure(results: str | Path, plan, paper: str, fig, png: Path, f
     done = json.loads(done_path.read_text()) if done_path.is_file() else {}
     ranking = rank_tokens(data, fig.top, fig.min_count)
     reference = overall_mean(data)
-    title = (f"{spec.title.split(':')[0]}: {fig.name} — {run.key}"
-             + ("" if run.scale == "paper" else f" (scale {run.scale}: not the paper's tokens)"))
+    title = f"{spec.title.split(':')[0]}: {fig.name} — {run.key}" + (
+        "" if run.scale == "paper" else f" (scale {run.scale}: not the paper's tokens)"
+    )
     plot_token_credit(ranking, png, title, weight=data["weight"], reference=reference)
-    meta = {"paper_title": spec.title, "figure": fig.name, "caption": fig.caption, "scale": run.scale,
-            "paper_backbone": fig.backbone, "backbone": run.backbone, "run": run.run, "seed": run.seed,
-            "top": fig.top, "min_count": fig.min_count, "run_key": run.key,
-            "mlflow_run_id": done.get("mlflow_run_id") or "", "commit": done.get("commit") or ""}
+    meta = {
+        "paper_title": spec.title,
+        "figure": fig.name,
+        "caption": fig.caption,
+        "scale": run.scale,
+        "paper_backbone": fig.backbone,
+        "backbone": run.backbone,
+        "run": run.run,
+        "seed": run.seed,
+        "top": fig.top,
+        "min_count": fig.min_count,
+        "run_key": run.key,
+        "mlflow_run_id": done.get("mlflow_run_id") or "",
+        "commit": done.get("commit") or "",
+    }
     write_token_credit(ranking, data, meta, paths.fmt(paths.FIGURE_MD, **fill), paths.fmt(paths.FIGURE_CSV, **fill))

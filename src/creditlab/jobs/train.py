@@ -44,13 +44,29 @@ def train(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     tok = load_tokenizer(data_dir)
     model = load_model(paths.fmt(paths.BASE_DIR, **fill))
-    tracker = Tracker.start(Path(results), run.experiment, run.key, run.key, tags=run_tags(run, cfg), params=cfg,
-                            local_dir=run_dir, parent=parent_run(run))
+    tracker = Tracker.start(
+        Path(results),
+        run.experiment,
+        run.key,
+        run.key,
+        tags=run_tags(run, cfg),
+        params=cfg,
+        local_dir=run_dir,
+        parent=parent_run(run),
+    )
     with tracker:  # ends the MLflow run FAILED if anything below raises
         t0 = time.perf_counter()
         with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
-            trainer = Trainer(cfg, model, tok, read_records(data_dir / "train.parquet"), scorer, ckpt_dir,
-                              log_fn=tracker.log_metrics, progress=not quiet)
+            trainer = Trainer(
+                cfg,
+                model,
+                tok,
+                read_records(data_dir / "train.parquet"),
+                scorer,
+                ckpt_dir,
+                log_fn=tracker.log_metrics,
+                progress=not quiet,
+            )
             resumed_at = trainer.step if trainer.maybe_resume() else None
             if resumed_at is not None:
                 print(f"resuming {run.key} from step {resumed_at}", file=sys.stderr)
@@ -66,8 +82,15 @@ def train(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
     steps = cfg["trainer"]["steps"]
     if trainer.step != steps:
         raise SystemExit(f"{run.key}: trained {trainer.step} steps of {steps}; not marking DONE")
-    done = {"run_key": run.key, "steps_done": trainer.step, "steps_requested": steps, "resumed_at": resumed_at,
-            "seconds_this_attempt": time.perf_counter() - t0, "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    done = {
+        "run_key": run.key,
+        "steps_done": trainer.step,
+        "steps_requested": steps,
+        "resumed_at": resumed_at,
+        "seconds_this_attempt": time.perf_counter() - t0,
+        "mlflow_run_id": tracker.run_id,
+        "commit": git_commit(),
+    }
     write_json(done, run_dir / "DONE")
 
 
@@ -95,18 +118,37 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
     run_paths.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     steps = int(cfg["trainer"]["steps"])
     resumed_at = launch.steps_done(ckpt_dir) or None
-    tracker = Tracker.start(Path(results), run.experiment, run.key, run.key, tags=run_tags(run, cfg), params=cfg,
-                            local_dir=run_dir, parent=parent_run(run))
+    tracker = Tracker.start(
+        Path(results),
+        run.experiment,
+        run.key,
+        run.key,
+        tags=run_tags(run, cfg),
+        params=cfg,
+        local_dir=run_dir,
+        parent=parent_run(run),
+    )
     with tracker:  # ends the MLflow run FAILED if anything below raises (SystemExit included)
         t0 = time.perf_counter()
-        argv, env = launch.verl_command(cfg, run_paths, mlflow_run_id=tracker.run_id,
-                                        tracking_uri=tracking_uri(Path(results)), num_cpus=slurm_cpus())
-        print(f"{run.key}: {'resuming from step ' + str(resumed_at) if resumed_at else 'starting'}; "
-              f"{' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}", file=sys.stderr, flush=True)
+        argv, env = launch.verl_command(
+            cfg,
+            run_paths,
+            mlflow_run_id=tracker.run_id,
+            tracking_uri=tracking_uri(Path(results)),
+            num_cpus=slurm_cpus(),
+        )
+        print(
+            f"{run.key}: {'resuming from step ' + str(resumed_at) if resumed_at else 'starting'}; "
+            f"{' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}",
+            file=sys.stderr,
+            flush=True,
+        )
         rc = launch.run_streaming(argv, env, cwd=run_dir)  # verl's Hydra writes its outputs/ under the run dir
         if rc != 0:
-            raise SystemExit(f"{run.key}: verl exited with status {rc}; its checkpoints stay in {ckpt_dir} and a "
-                             f"re-run resumes from the last one")
+            raise SystemExit(
+                f"{run.key}: verl exited with status {rc}; its checkpoints stay in {ckpt_dir} and a "
+                f"re-run resumes from the last one"
+            )
         done_steps = launch.steps_done(ckpt_dir)
         if done_steps != steps:
             raise SystemExit(f"{run.key}: verl checkpointed step {done_steps} of {steps}; not marking DONE")
@@ -119,10 +161,18 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
         tracker.log_artifact(run_paths.config_path)
         if (run_dir / "token_credit.json").is_file():  # written by the plug-in for runs with credit or filters
             tracker.log_artifact(run_dir / "token_credit.json")
-    done = {"run_key": run.key, "engine": "verl", "steps_done": done_steps, "steps_requested": steps,
-            "resumed_at": resumed_at, "seconds_this_attempt": time.perf_counter() - t0,
-            "model_path": run_paths.model_path, "checkpoint": str(ckpt_dir / f"global_step_{done_steps}"),
-            "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    done = {
+        "run_key": run.key,
+        "engine": "verl",
+        "steps_done": done_steps,
+        "steps_requested": steps,
+        "resumed_at": resumed_at,
+        "seconds_this_attempt": time.perf_counter() - t0,
+        "model_path": run_paths.model_path,
+        "checkpoint": str(ckpt_dir / f"global_step_{done_steps}"),
+        "mlflow_run_id": tracker.run_id,
+        "commit": git_commit(),
+    }
     write_json(done, run_dir / "DONE")
 
 

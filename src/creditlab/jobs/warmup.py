@@ -12,7 +12,8 @@ from creditlab import paths
 from creditlab.data.io import read_records
 from creditlab.data.prepare import warmup_records
 from creditlab.data.smoke import data_texts
-from creditlab.engines.local.sft import save_model, warmup as sft
+from creditlab.engines.local.sft import save_model
+from creditlab.engines.local.sft import warmup as sft
 from creditlab.jobs.common import load_tokenizer, setup, write_json
 from creditlab.jobs.evaluate import evaluate_suites
 from creditlab.models.standin import write_standin
@@ -44,10 +45,15 @@ def sft_warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *,
     tok = load_tokenizer(data_dir)
     model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, seed)
     key = f"{scale}/{backbone}/warmup"
-    tracker = Tracker.start(Path(results), "base-models", key, key,
-                            tags={"scale": scale, "backbone": backbone, "method": "sft-warmup",
-                                  "git_commit": git_commit()},
-                            params=cfg, local_dir=out)
+    tracker = Tracker.start(
+        Path(results),
+        "base-models",
+        key,
+        key,
+        tags={"scale": scale, "backbone": backbone, "method": "sft-warmup", "git_commit": git_commit()},
+        params=cfg,
+        local_dir=out,
+    )
     t0 = time.perf_counter()
     history = sft(model, tok, warmup_records(data_dir), cfg, seed, tracker.log_metrics, progress=not quiet)
     val = {"val": read_records(data_dir / "val.parquet")[: cfg["warmup"]["eval_n"]]}
@@ -56,9 +62,16 @@ def sft_warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *,
     tracker.log_metrics({"val_greedy_acc": acc}, cfg["warmup"]["steps"])
     save_model(model, tok, out)
     tracker.end()
-    done = {"steps_done": len(history), "steps_requested": cfg["warmup"]["steps"], "params": n_params(model),
-            "final_loss": history[-1]["sft_loss"], "val_greedy_acc": acc, "seconds": time.perf_counter() - t0,
-            "mlflow_run_id": tracker.run_id, "commit": git_commit()}
+    done = {
+        "steps_done": len(history),
+        "steps_requested": cfg["warmup"]["steps"],
+        "params": n_params(model),
+        "final_loss": history[-1]["sft_loss"],
+        "val_greedy_acc": acc,
+        "seconds": time.perf_counter() - t0,
+        "mlflow_run_id": tracker.run_id,
+        "commit": git_commit(),
+    }
     write_json(done, out / "DONE")
     print(json.dumps(done, indent=1))
 
@@ -73,8 +86,14 @@ def write_standin_model(results: str | Path, scale: str, backbone: str, seed: in
     data_dir = paths.fmt(paths.DATA_DIR, results=results, scale=scale)
     t0 = time.perf_counter()
     write_standin(m["arch"]["family"], data_texts(data_dir), out, seed=seed)
-    done = {"hf_id": m["hf_id"], "standin": True, "family": m["arch"]["family"], "path": str(out.resolve()),
-            "seconds": time.perf_counter() - t0, "commit": git_commit()}
+    done = {
+        "hf_id": m["hf_id"],
+        "standin": True,
+        "family": m["arch"]["family"],
+        "path": str(out.resolve()),
+        "seconds": time.perf_counter() - t0,
+        "commit": git_commit(),
+    }
     write_json(done, out / "DONE")
     print(json.dumps(done, indent=1))
 
@@ -97,9 +116,17 @@ def fetch_hub_model(results: str | Path, scale: str, backbone: str, seed: int = 
     found = {"family": hf_config.get("model_type"), "max_position_embeddings": hf_config.get("max_position_embeddings")}
     wanted = {"family": m["arch"]["family"], "max_position_embeddings": m["arch"]["max_position_embeddings"]}
     if found != wanted:
-        raise SystemExit(f"{m['hf_id']}: config.json says {found}, configs/model/{backbone}.yaml says {wanted} "
-                         f"(arch.family / arch.max_position_embeddings): fix the model config")
-    done = {"hf_id": m["hf_id"], "revision": m.get("revision"), "commit": local.name, "path": str(local),
-            "seconds": time.perf_counter() - t0, "creditlab_commit": git_commit()}
+        raise SystemExit(
+            f"{m['hf_id']}: config.json says {found}, configs/model/{backbone}.yaml says {wanted} "
+            f"(arch.family / arch.max_position_embeddings): fix the model config"
+        )
+    done = {
+        "hf_id": m["hf_id"],
+        "revision": m.get("revision"),
+        "commit": local.name,
+        "path": str(local),
+        "seconds": time.perf_counter() - t0,
+        "creditlab_commit": git_commit(),
+    }
     write_json(done, out / "DONE")
     print(json.dumps(done, indent=1))

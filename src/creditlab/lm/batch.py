@@ -92,8 +92,9 @@ def response_logprobs(model, batch: TokenBatch) -> "torch.Tensor":
     return torch.log_softmax(model.lm_head(hidden[:, -batch.response_len - 1 : -1]).float(), dim=-1)
 
 
-def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, with_hidden: bool = False,
-                     topk: int = 0) -> ForwardOut:
+def response_forward(
+    model, batch: TokenBatch, *, with_entropy: bool = False, with_hidden: bool = False, topk: int = 0
+) -> ForwardOut:
     """One forward of ``model`` over ``batch``; log-probs (and optionally entropy, h_t, top-``topk``
     log-probs and ids, K = min(topk, V)) of the response.
 
@@ -115,5 +116,10 @@ def response_forward(model, batch: TokenBatch, *, with_entropy: bool = False, wi
     if with_entropy:
         entropy = -(logprobs.exp() * logprobs).sum(-1)
     top = torch.topk(logprobs, min(topk, logprobs.shape[-1]), dim=-1) if topk > 0 else None
-    return ForwardOut(logp=logp, entropy=entropy, hidden=hidden if with_hidden else None,
-                      topk_logp=None if top is None else top.values, topk_ids=None if top is None else top.indices)
+    return ForwardOut(
+        logp=logp,
+        entropy=entropy,
+        hidden=hidden if with_hidden else None,
+        topk_logp=None if top is None else top.values,
+        topk_ids=None if top is None else top.indices,
+    )

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from creditlab.progress import progress as progress_bar
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from creditlab.progress import progress as progress_bar
 
 ATTN_IMPL = "creditlab_decode"
 """Name under which the sampler's attention function is registered in ``transformers``."""
@@ -469,8 +470,15 @@ def decode_with_chooser(
         bar = progress_bar(len(prompts), "generate samples", enabled=progress)
         for start in starts:
             chunk = slice(start, start + size)
-            r, f, c = _decode_batch(states, chooser, prompts[chunk], None if uniforms is None else uniforms[chunk],
-                                    max_new_tokens, eos_id, pad_id)
+            r, f, c = _decode_batch(
+                states,
+                chooser,
+                prompts[chunk],
+                None if uniforms is None else uniforms[chunk],
+                max_new_tokens,
+                eos_id,
+                pad_id,
+            )
             responses += r
             finished += f
             counts.append(c)
@@ -545,5 +553,15 @@ def generate(
     The model's train/eval mode is left as is; runs on the model's device.
     """
     params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k)
-    return generate_with([DecodeState(model)], _single, prompt_ids, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                         pad_id=pad_id, params=params, seed=seed, batch_size=batch_size, progress=progress)
+    return generate_with(
+        [DecodeState(model)],
+        _single,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        params=params,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+    )

@@ -123,8 +123,13 @@ class RunSources:
                     raise FileNotFoundError(f"{self.run_key}: no checkpoint under {self.ckpt_dir} to start from")
             finally:
                 trainer.ckpt_dir = unused  # never written: the run's checkpoint stays as it is
-            return {"source": "local", "checkpoint": str(self.ckpt_dir / "state.pt"), "step": trainer.step,
-                    "optimizer": "its AdamW moments, scheduler and RNG states", "weights": "its weights"}
+            return {
+                "source": "local",
+                "checkpoint": str(self.ckpt_dir / "state.pt"),
+                "step": trainer.step,
+                "optimizer": "its AdamW moments, scheduler and RNG states",
+                "weights": "its weights",
+            }
         return load_verl_train_state(trainer, self.verl_checkpoint())
 
 
@@ -141,10 +146,19 @@ def run_sources(run, cfg: dict[str, Any], results: str | Path) -> RunSources:
         records = paths.fmt(paths.TRAIN_SET_DIR, dataset=cfg["data"]["name"], **fill) / "train.parquet"
     else:
         tokenizer, records = data_dir / "tokenizer", data_dir / "train.parquet"
-    return RunSources(run_key=run.key, hub=hub, data_dir=data_dir, base=base, trained=run_dir / "final",
-                      run_dir=run_dir, ckpt_dir=paths.fmt(paths.CKPT_DIR, **fill), tokenizer_path=tokenizer,
-                      train_records=records, template=cfg["data"].get("template", "tiny"),
-                      chat_kwargs=dict(cfg["eval"].get("chat_template_kwargs") or {}))
+    return RunSources(
+        run_key=run.key,
+        hub=hub,
+        data_dir=data_dir,
+        base=base,
+        trained=run_dir / "final",
+        run_dir=run_dir,
+        ckpt_dir=paths.fmt(paths.CKPT_DIR, **fill),
+        tokenizer_path=tokenizer,
+        train_records=records,
+        template=cfg["data"].get("template", "tiny"),
+        chat_kwargs=dict(cfg["eval"].get("chat_template_kwargs") or {}),
+    )
 
 
 # --------------------------------------------------------------------------------------- verl's FSDP checkpoints
@@ -185,10 +199,12 @@ def read_verl_checkpoint(step_dir: str | Path) -> dict[str, Any]:
         files = [actor / f"{kind}_world_size_{ws}_rank_{r}.pt" for r in range(ws)]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise FileNotFoundError(f"verl checkpoint {actor}: missing {missing} (checkpoint.save_contents must keep "
-                                    f"model, optimizer and extra)")
+            raise FileNotFoundError(
+                f"verl checkpoint {actor}: missing {missing} (checkpoint.save_contents must keep "
+                f"model, optimizer and extra)"
+            )
         quiet = logging.getLogger("torch.distributed.device_mesh")  # "pickling/unpickling of the DeviceMesh occurred
-        level, quiet.level = quiet.level, logging.ERROR            # before the PGs were created": no mesh is used
+        level, quiet.level = quiet.level, logging.ERROR  # before the PGs were created": no mesh is used
         try:
             return [torch.load(f, map_location="cpu", weights_only=False, mmap=True) for f in files]
         finally:
@@ -200,10 +216,16 @@ def read_verl_checkpoint(step_dir: str | Path) -> dict[str, Any]:
     for i in optims[0]["state"]:
         per = [o["state"][i] for o in optims]
         state[i] = {k: (v if k == "step" else _full([p[k] for p in per]).float()) for k, v in per[0].items()}
-    return {"world_size": ws, "model": model, "optim_state": state,
-            "param_groups": [{k: v for k, v in g.items() if k != "params"} | {"n_params": len(g["params"])}
-                             for g in optims[0]["param_groups"]],
-            "lr_scheduler": extras[0].get("lr_scheduler") or {}}
+    return {
+        "world_size": ws,
+        "model": model,
+        "optim_state": state,
+        "param_groups": [
+            {k: v for k, v in g.items() if k != "params"} | {"n_params": len(g["params"])}
+            for g in optims[0]["param_groups"]
+        ],
+        "lr_scheduler": extras[0].get("lr_scheduler") or {},
+    }
 
 
 def load_verl_train_state(trainer, step_dir: str | Path) -> dict[str, Any]:
@@ -221,26 +243,33 @@ def load_verl_train_state(trainer, step_dir: str | Path) -> dict[str, Any]:
     named = dict(trainer.model.named_parameters())
     order = [k for k in ckpt["model"] if k in named]  # module order; tied duplicates and buffers are not parameters
     if len(order) != len(named) or len(order) != len(ckpt["optim_state"]):
-        raise ValueError(f"verl checkpoint {step_dir}: {len(ckpt['optim_state'])} optimizer entries and "
-                         f"{len(order)} of the model's {len(named)} parameters named in its state dict: not this "
-                         f"model's full-parameter actor")
+        raise ValueError(
+            f"verl checkpoint {step_dir}: {len(ckpt['optim_state'])} optimizer entries and "
+            f"{len(order)} of the model's {len(named)} parameters named in its state dict: not this "
+            f"model's full-parameter actor"
+        )
     with torch.no_grad():
         for k in order:
             p, w = named[k], ckpt["model"][k]
             if tuple(p.shape) != tuple(w.shape):
-                raise ValueError(f"verl checkpoint {step_dir}: {k} has shape {tuple(w.shape)}, the model's "
-                                 f"{tuple(p.shape)}")
+                raise ValueError(
+                    f"verl checkpoint {step_dir}: {k} has shape {tuple(w.shape)}, the model's {tuple(p.shape)}"
+                )
             p.copy_(w.to(p.dtype))
     index = {id(p): i for i, p in enumerate(trainer.params)}
     state = {}
     for j, k in enumerate(order):
         s = ckpt["optim_state"][j]
         if tuple(s["exp_avg"].shape) != tuple(named[k].shape):
-            raise ValueError(f"verl checkpoint {step_dir}: optimizer entry {j} has shape {tuple(s['exp_avg'].shape)}, "
-                             f"parameter {k} {tuple(named[k].shape)}: the orders differ")
-        state[index[id(named[k])]] = {"step": torch.as_tensor(s["step"], dtype=torch.float32).clone(),
-                                      "exp_avg": s["exp_avg"].to(trainer.device),
-                                      "exp_avg_sq": s["exp_avg_sq"].to(trainer.device)}
+            raise ValueError(
+                f"verl checkpoint {step_dir}: optimizer entry {j} has shape {tuple(s['exp_avg'].shape)}, "
+                f"parameter {k} {tuple(named[k].shape)}: the orders differ"
+            )
+        state[index[id(named[k])]] = {
+            "step": torch.as_tensor(s["step"], dtype=torch.float32).clone(),
+            "exp_avg": s["exp_avg"].to(trainer.device),
+            "exp_avg_sq": s["exp_avg_sq"].to(trainer.device),
+        }
     own = trainer.opt.state_dict()
     trainer.opt.load_state_dict({"state": state, "param_groups": own["param_groups"]})
     sched = ckpt["lr_scheduler"]
@@ -252,7 +281,13 @@ def load_verl_train_state(trainer, step_dir: str | Path) -> dict[str, Any]:
     trainer.sched._last_lr = lrs
     trainer.step = step
     adam_steps = sorted({float(s["step"]) for s in state.values()})
-    return {"source": "verl", "checkpoint": str(step_dir), "world_size": ckpt["world_size"], "step": step,
-            "optimizer": f"verl's AdamW moments ({len(state)} parameters, Adam step {adam_steps})",
-            "weights": "verl's fp32 master weights of that checkpoint",
-            "verl_param_groups": ckpt["param_groups"], "lr": lrs}
+    return {
+        "source": "verl",
+        "checkpoint": str(step_dir),
+        "world_size": ckpt["world_size"],
+        "step": step,
+        "optimizer": f"verl's AdamW moments ({len(state)} parameters, Adam step {adam_steps})",
+        "weights": "verl's fp32 master weights of that checkpoint",
+        "verl_param_groups": ckpt["param_groups"],
+        "lr": lrs,
+    }

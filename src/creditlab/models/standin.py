@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 """The chat format of Qwen2.5, Qwen3 and Olmo 3 (their instruct templates without system or tool branches)."""
 SPECIAL = ["<|im_start|>", "<|im_end|>"]
 STOP = "<|im_end|>"
@@ -33,16 +35,32 @@ STOP_PROB = 0.15
 within 4 tokens about half the time and run to the budget about a quarter of it, so lengths vary within a group and
 overlong shaping gives rewards that vary (a random model is never right) and every update path runs."""
 
-BASE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=4096, tie_word_embeddings=False)
+BASE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen3": dict(head_dim=32),  # head sizes >= 32: vLLM's CPU attention serves 32, 64, 80, ...
     "qwen2": dict(),
     "olmo3": dict(),
-    "qwen3_next": dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                       shared_expert_intermediate_size=32, linear_num_value_heads=4, linear_num_key_heads=2,
-                       linear_key_head_dim=16, linear_value_head_dim=16, decoder_sparse_step=1,
-                       layer_types=["linear_attention", "full_attention"]),
+    "qwen3_next": dict(
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        decoder_sparse_step=1,
+        layer_types=["linear_attention", "full_attention"],
+    ),
 }
 """Per family: the stand-in's config beyond :data:`BASE` (a few small layers)."""
 
@@ -50,8 +68,12 @@ SHAPES: dict[str, dict[str, Any]] = {
 def _classes(family: str):
     import transformers as tf
 
-    names = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-             "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"), "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM")}
+    names = {
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "olmo3": ("Olmo3Config", "Olmo3ForCausalLM"),
+        "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    }
     if family not in names:
         raise ValueError(f"no stand-in for architecture family {family!r}; valid choices: {sorted(names)}")
     return getattr(tf, names[family][0]), getattr(tf, names[family][1])
@@ -74,9 +96,16 @@ def standin_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in [*SPECIAL_TOKENS, *SPECIAL]])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                  unk_token=UNK, padding_side="left", clean_up_tokenization_spaces=False,
-                                  additional_special_tokens=SPECIAL)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        additional_special_tokens=SPECIAL,
+    )
     tok.chat_template = CHATML
     return tok
 
@@ -87,18 +116,24 @@ def check_reload(tok, out: Path, texts: Iterable[str]) -> None:
     from transformers import AutoTokenizer
 
     loaded = AutoTokenizer.from_pretrained(str(out))
-    chat = tok.apply_chat_template([{"role": "user", "content": "1 + 1?\n"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "1 + 1?\n"}], tokenize=False, add_generation_prompt=True
+    )
     for text in [chat, *list(texts)[:200]]:
         ids = tok.encode(text, add_special_tokens=False)
         if loaded.encode(text, add_special_tokens=False) != ids or loaded.decode(ids) != text:
-            raise ValueError(f"{out}: the stand-in's tokenizer loads as {type(loaded).__name__}, which encodes "
-                             f"{text[:60]!r} differently from the tokenizer written")
+            raise ValueError(
+                f"{out}: the stand-in's tokenizer loads as {type(loaded).__name__}, which encodes "
+                f"{text[:60]!r} differently from the tokenizer written"
+            )
 
 
 @torch.no_grad()
-def calibrate_stop(model, tok, texts: Iterable[str], stop_ids: list[int], p_stop: float = STOP_PROB,
-                   max_positions: int = 4096) -> float:
-    """Set the LM-head rows of ``stop_ids`` to s * u, u the unit mean of the final hidden states h over the chat-rendered
+def calibrate_stop(
+    model, tok, texts: Iterable[str], stop_ids: list[int], p_stop: float = STOP_PROB, max_positions: int = 4096
+) -> float:
+    """Set the LM-head rows of ``stop_ids`` to s * u, u the unit mean of the final hidden states h over the
+       chat-rendered
     ``texts``, with s chosen so that the mean over those positions of P(stop | h) = ``p_stop``. A random head's stop
     logits are otherwise whatever h . w gives: one stand-in stopped at its first token, another never (measured).
     P(stop | h) = sum_k exp(s h.u) / (sum_k exp(s h.u) + sum_other exp(h.w_j)) is found by bisection on s over
@@ -109,7 +144,9 @@ def calibrate_stop(model, tok, texts: Iterable[str], stop_ids: list[int], p_stop
     hook = head.register_forward_hook(lambda mod, args, out: stash.append(args[0].detach()))
     try:
         for text in list(texts)[:32] or ["1 + 1?"]:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
             model(torch.tensor([tok.encode(ids, add_special_tokens=False)[-512:]]))
     finally:
         hook.remove()
@@ -143,10 +180,18 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
     stop = tok.convert_tokens_to_ids(STOP)
     extra = dict(SHAPES[family])
     if family == "olmo3":
-        extra |= {"layer_types": ["full_attention"] * BASE["num_hidden_layers"],
-                  "sliding_window": BASE["max_position_embeddings"]}
-    cfg = config_cls(**BASE, **extra, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        extra |= {
+            "layer_types": ["full_attention"] * BASE["num_hidden_layers"],
+            "sliding_window": BASE["max_position_embeddings"],
+        }
+    cfg = config_cls(
+        **BASE,
+        **extra,
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(seed)
     model = model_cls(cfg).float()
     with torch.no_grad():
@@ -156,7 +201,14 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": tok.bos_token_id, "eos_token_id": [tok.eos_token_id, stop], "pad_token_id": tok.pad_token_id}))
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token_id": tok.bos_token_id,
+                "eos_token_id": [tok.eos_token_id, stop],
+                "pad_token_id": tok.pad_token_id,
+            }
+        )
+    )
     check_reload(tok, out, texts)
     return out

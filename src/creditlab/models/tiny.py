@@ -30,8 +30,18 @@ import torch
 
 DEFAULT_FAMILY = "qwen3"
 
-_COMMON_KEYS = {"family", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "rope_theta"}
+_COMMON_KEYS = {
+    "family",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "rope_theta",
+}
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
@@ -52,22 +62,27 @@ def _qwen3(arch: dict[str, Any], common: dict[str, Any]):
 
     if "head_dim" not in arch:
         raise ValueError("qwen3 arch needs head_dim")
-    return Qwen3ForCausalLM, Qwen3Config(**common, head_dim=arch["head_dim"],
-                                         rope_theta=arch.get("rope_theta", 10000.0))
+    return Qwen3ForCausalLM, Qwen3Config(
+        **common, head_dim=arch["head_dim"], rope_theta=arch.get("rope_theta", 10000.0)
+    )
 
 
 def _olmo(arch: dict[str, Any], common: dict[str, Any]):
     config_cls, model_cls, sliding = _olmo_classes()
     derived = arch["hidden_size"] // arch["num_attention_heads"]
     if arch.get("head_dim", derived) != derived or derived * arch["num_attention_heads"] != arch["hidden_size"]:
-        raise ValueError(f"olmo arch: head_dim must be hidden_size / num_attention_heads = "
-                         f"{arch['hidden_size']} / {arch['num_attention_heads']}, got {arch.get('head_dim')}")
+        raise ValueError(
+            f"olmo arch: head_dim must be hidden_size / num_attention_heads = "
+            f"{arch['hidden_size']} / {arch['num_attention_heads']}, got {arch.get('head_dim')}"
+        )
     extra: dict[str, Any] = {"rope_parameters": {"rope_type": "default", "rope_theta": arch.get("rope_theta", 10000.0)}}
     if sliding:
         # every layer full attention; Olmo3Model still builds a sliding mask each forward (unused), which
         # needs a window: the context length
-        extra |= {"layer_types": ["full_attention"] * arch["num_hidden_layers"],
-                  "sliding_window": common["max_position_embeddings"]}
+        extra |= {
+            "layer_types": ["full_attention"] * arch["num_hidden_layers"],
+            "sliding_window": common["max_position_embeddings"],
+        }
     return model_cls, config_cls(**common, **extra)
 
 

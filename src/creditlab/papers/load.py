@@ -93,12 +93,29 @@ def _validator():
 _LABELS = {"columns": "name", "rows": "label", "claims": "id"}
 """A list item's own name, shown after its index in a key path (``tables.main.columns[3] (Avg)``)."""
 
-_EXPECTED = ("type", "minLength", "minItems", "maxItems", "minProperties", "pattern", "minimum", "maximum",
-             "exclusiveMinimum", "exclusiveMaximum")
+_EXPECTED = (
+    "type",
+    "minLength",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+)
 """Validators whose failure reads "expected <x-expected>, got <value>"."""
 
-_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "number": "a number",
-               "integer": "an integer", "null": "null", "boolean": "a boolean"}
+_TYPE_WORDS = {
+    "object": "a mapping",
+    "array": "a list",
+    "string": "a string",
+    "number": "a number",
+    "integer": "an integer",
+    "null": "null",
+    "boolean": "a boolean",
+}
 
 
 def _where(data: Any, path: Iterable[Any]) -> str:
@@ -162,8 +179,13 @@ def _message(err: Any, data: Any, source: str) -> str:
         got = repr(instance)
         problem = f"expected {expected}, got {got if len(got) <= 80 else type(instance).__name__}"
     else:  # not, oneOf, uniqueItems, ...: the condition's own reason
-        branches = ([err.validator_value, *err.validator_value.get("anyOf", [])] if err.validator == "not"
-                    else err.validator_value if err.validator in ("oneOf", "anyOf") else [])
+        branches = (
+            [err.validator_value, *err.validator_value.get("anyOf", [])]
+            if err.validator == "not"
+            else err.validator_value
+            if err.validator in ("oneOf", "anyOf")
+            else []
+        )
         named = [k for branch in branches for k in branch.get("required", [])]
         if err.validator == "not":  # a key that must not be there: the path names it
             key = next(k for k in named if k in instance)
@@ -171,9 +193,13 @@ def _message(err: Any, data: Any, source: str) -> str:
         elif named:
             choices = named
         repeated = sorted({repr(v) for v in instance if instance.count(v) > 1}) if isinstance(instance, list) else []
-        problem = (text or err.message).replace("{key}", repr(key)).replace("{got}", repr(instance)).replace(
-            "{present}", repr([k for k in named if isinstance(instance, Mapping) and k in instance])).replace(
-            "{duplicates}", f"[{', '.join(repeated)}]")
+        problem = (
+            (text or err.message)
+            .replace("{key}", repr(key))
+            .replace("{got}", repr(instance))
+            .replace("{present}", repr([k for k in named if isinstance(instance, Mapping) and k in instance]))
+            .replace("{duplicates}", f"[{', '.join(repeated)}]")
+        )
     if isinstance(schema, Mapping):
         where = f"{where}.{schema['x-at']}" if "x-at" in schema else where
         choices = list(schema["x-choices"]) if "x-choices" in schema else choices
@@ -231,14 +257,20 @@ def _parse_decodes(data: Mapping | None) -> dict[str, DecodeSpec]:
         raw = body["threshold"]
         thresholds = {str(k): float(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {"*": float(raw)}
         top_k = body.get("top_k_support")
-        decodes[str(name)] = DecodeSpec(str(name), tuple(sorted(thresholds.items())), body.get("criterion", "dlogp"),
-                                        float(body.get("gamma", 0.0)), body.get("decode_with", "base"),
-                                        None if top_k is None else int(top_k))
+        decodes[str(name)] = DecodeSpec(
+            str(name),
+            tuple(sorted(thresholds.items())),
+            body.get("criterion", "dlogp"),
+            float(body.get("gamma", 0.0)),
+            body.get("decode_with", "base"),
+            None if top_k is None else int(top_k),
+        )
     return decodes
 
 
-def _parse_run_scale_overrides(chk: Checker, data: Mapping | None, where: str, scales: list[str]
-                               ) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _parse_run_scale_overrides(
+    chk: Checker, data: Mapping | None, where: str, scales: list[str]
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """A run's `scale_overrides`: scale (one of the paper's) -> list of key=value strings."""
     out = []
     for scale, overrides in (data or {}).items():
@@ -247,8 +279,9 @@ def _parse_run_scale_overrides(chk: Checker, data: Mapping | None, where: str, s
     return tuple(out)
 
 
-def _parse_scale_overrides(chk: Checker, data: Mapping | None, scales: list[str], backbones: Mapping[str, Any]
-                           ) -> dict[str, dict[str, tuple[str, ...]]]:
+def _parse_scale_overrides(
+    chk: Checker, data: Mapping | None, scales: list[str], backbones: Mapping[str, Any]
+) -> dict[str, dict[str, tuple[str, ...]]]:
     """The paper's `scale_overrides`: scale -> {"*" | paper backbone -> list of key=value strings}."""
     targets = [ALL_RUNS, *backbones]
     out: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -273,14 +306,17 @@ def _parse_runs(chk: Checker, data: Mapping, scales: list[str]) -> dict[str, Run
         combine = tuple(body.get("combine") or ())
         if method in combine or len(set(combine)) != len(combine):
             chk.fail(f"{where}.combine", f"lists a method twice (the run's method is {method!r}): {list(combine)}")
-        runs[str(name)] = RunSpec(str(name), method, tuple(body.get("overrides") or ()),
-                                  _parse_run_scale_overrides(chk, body.get("scale_overrides"),
-                                                             f"{where}.scale_overrides", scales), combine)
+        runs[str(name)] = RunSpec(
+            str(name),
+            method,
+            tuple(body.get("overrides") or ()),
+            _parse_run_scale_overrides(chk, body.get("scale_overrides"), f"{where}.scale_overrides", scales),
+            combine,
+        )
     return runs
 
 
-def _parse_column(chk: Checker, body: Mapping, where: str, paper: Mapping[str, Any], earlier: list[Column]
-                  ) -> Column:
+def _parse_column(chk: Checker, body: Mapping, where: str, paper: Mapping[str, Any], earlier: list[Column]) -> Column:
     """One column (its keys checked by the schema for its metric); `earlier` are the columns before it."""
     names = [c.name for c in earlier]
     name = body["name"]
@@ -296,9 +332,12 @@ def _parse_column(chk: Checker, body: Mapping, where: str, paper: Mapping[str, A
         return _parse_training_column(chk, body, where, name, paper)
     if metric in COMPARISON_METRICS:
         accuracy = [c.name for c in earlier if not (c.is_training or c.is_comparison)]
-        return Column(name, metric=metric, relative_to=chk.choice(body["relative_to"], f"{where}.relative_to",
-                                                                  paper["runs"]),
-                      of=chk.choice(body["of"], f"{where}.of", accuracy))
+        return Column(
+            name,
+            metric=metric,
+            relative_to=chk.choice(body["relative_to"], f"{where}.relative_to", paper["runs"]),
+            of=chk.choice(body["of"], f"{where}.of", accuracy),
+        )
     weighting = body.get("weighting", "plain")
     if "average_of" in body:
         refs = tuple(body["average_of"])
@@ -306,8 +345,11 @@ def _parse_column(chk: Checker, body: Mapping, where: str, paper: Mapping[str, A
             if ref not in names:
                 chk.fail(f"{where}.average_of", f"{ref!r} is not a column defined before {name!r}", names)
             if earlier[names.index(ref)].is_training or earlier[names.index(ref)].is_comparison:
-                chk.fail(f"{where}.average_of", f"{ref!r} is a training-cost column or a versus column, not an accuracy",
-                         [c.name for c in earlier if not (c.is_training or c.is_comparison)])
+                chk.fail(
+                    f"{where}.average_of",
+                    f"{ref!r} is a training-cost column or a versus column, not an accuracy",
+                    [c.name for c in earlier if not (c.is_training or c.is_comparison)],
+                )
         return Column(name, average_of=refs, weighting=weighting)
     if "benchmark" in body:
         bench = chk.choice(body["benchmark"], f"{where}.benchmark", paper["benchmarks"])
@@ -318,8 +360,9 @@ def _parse_column(chk: Checker, body: Mapping, where: str, paper: Mapping[str, A
     return Column(name, benchmarks=benches, metric=metric, weighting=weighting, metric_at=metric_at)
 
 
-def _parse_metric_at(chk: Checker, data: Mapping, where: str, paper: Mapping[str, Any]
-                     ) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _parse_metric_at(
+    chk: Checker, data: Mapping, where: str, paper: Mapping[str, Any]
+) -> tuple[str, tuple[tuple[str, str], ...]]:
     """A column's per-scale metric binding ``{paper: pass@16, tiny: pass@8, micro: pass@4, smoke: pass@4}``: one
     evaluation metric of one kind (pass@N at every scale, say) for every scale of the paper's backbones, `smoke`
     optional (it reads the paper-scale one otherwise). Returns (the paper-scale metric: the one the column's name and
@@ -334,12 +377,17 @@ def _parse_metric_at(chk: Checker, data: Mapping, where: str, paper: Mapping[str
     for scale, metric in data.items():
         _check_metric(chk, metric, f"{where}.{scale}")
         if metric in TRAINING_METRICS or metric in COMPARISON_METRICS:
-            chk.fail(f"{where}.{scale}", f"a per-scale metric binds an evaluation metric, got {metric!r}",
-                     [*EVAL_METRICS, "pass@N"])
+            chk.fail(
+                f"{where}.{scale}",
+                f"a per-scale metric binds an evaluation metric, got {metric!r}",
+                [*EVAL_METRICS, "pass@N"],
+            )
         kinds.add(metric.partition("@")[0] if "@" in metric else metric)
     if len(kinds) != 1:
-        chk.fail(where, f"a per-scale metric is one metric at each scale's k, got several kinds {sorted(kinds)}: "
-                 f"{dict(data)}")
+        chk.fail(
+            where,
+            f"a per-scale metric is one metric at each scale's k, got several kinds {sorted(kinds)}: {dict(data)}",
+        )
     paper_metric = data.get("paper", data[scales[0]] if scales else next(iter(data.values())))
     return str(paper_metric), tuple(sorted((str(s), str(m)) for s, m in data.items()))
 
@@ -355,8 +403,15 @@ def _parse_training_column(chk: Checker, body: Mapping, where: str, name: str, p
     if metric == "steps_to":
         threshold = _finite(chk, body["threshold"], f"{where}.threshold")
         smoothing = _finite(chk, body.get("smoothing", STEPS_TO_SMOOTHING), f"{where}.smoothing")
-    return Column(name, metric=metric, relative_to=relative_to, relative=body.get("relative", "percent"),
-                  threshold=threshold, smoothing=smoothing, key=body.get("key") if metric == "train_mean" else None)
+    return Column(
+        name,
+        metric=metric,
+        relative_to=relative_to,
+        relative=body.get("relative", "percent"),
+        threshold=threshold,
+        smoothing=smoothing,
+        key=body.get("key") if metric == "train_mean" else None,
+    )
 
 
 def _check_relative_to(chk: Checker, where: str, columns: list[Column], rows: list[Row]) -> None:
@@ -369,9 +424,12 @@ def _check_relative_to(chk: Checker, where: str, columns: list[Column], rows: li
                 continue
             if not any(r.run == col.relative_to and r.backbone == row.backbone for r in rows):
                 runs = _unique_list(r.run for r in rows if r.backbone == row.backbone and r.run != BASE_RUN)
-                chk.fail(f"{where}.columns[{i}] ({col.name}).relative_to",
-                         f"no row of run {col.relative_to!r} on backbone {row.backbone!r} (row "
-                         f"{row.label!r}) to compare with", runs)
+                chk.fail(
+                    f"{where}.columns[{i}] ({col.name}).relative_to",
+                    f"no row of run {col.relative_to!r} on backbone {row.backbone!r} (row "
+                    f"{row.label!r}) to compare with",
+                    runs,
+                )
 
 
 def _parse_paper_numbers(chk: Checker, data: Mapping | None, where: str, columns: list[str]) -> dict[str, float]:
@@ -414,18 +472,26 @@ def _parse_table(chk: Checker, paper_name: str, name: str, body: Mapping, paper:
     for i, row_data in enumerate(body["rows"]):
         row = _parse_row(chk, row_data, f"{where}.rows[{i}]", paper, names)
         if (row.label, row.backbone) in seen:
-            chk.fail(f"{where}.rows[{i}]", f"duplicate row (label={row.label!r}, "
-                     f"backbone={row.backbone!r})", [f"{r.label}/{r.backbone}" for r in rows])
+            chk.fail(
+                f"{where}.rows[{i}]",
+                f"duplicate row (label={row.label!r}, backbone={row.backbone!r})",
+                [f"{r.label}/{r.backbone}" for r in rows],
+            )
         seen.add((row.label, row.backbone))
         rows.append(row)
     _check_relative_to(chk, where, columns, rows)
     for i, row in enumerate(rows):
         if row.baseline is not None and not any(r.run == row.baseline and r.backbone == row.backbone for r in rows):
-            chk.fail(f"{where}.rows[{i}] ({row.label}).baseline", f"no row of run {row.baseline!r} on backbone "
-                     f"{row.backbone!r} to compare with", _unique_list(r.run for r in rows if r.backbone == row.backbone))
+            chk.fail(
+                f"{where}.rows[{i}] ({row.label}).baseline",
+                f"no row of run {row.baseline!r} on backbone {row.backbone!r} to compare with",
+                _unique_list(r.run for r in rows if r.backbone == row.backbone),
+            )
         if row.baseline is not None and not any(c.is_comparison for c in columns):
-            chk.fail(f"{where}.rows[{i}] ({row.label}).baseline", "baseline applies to versus columns, and the table "
-                     "has none")
+            chk.fail(
+                f"{where}.rows[{i}] ({row.label}).baseline",
+                "baseline applies to versus columns, and the table has none",
+            )
     caption = " ".join(str(body.get("caption") or "").split())
     extra = {"curves": tuple(body["curves"])} if "curves" in body else {}
     return TableSpec(paper_name, str(name), caption, tuple(columns), tuple(rows), **extra)
@@ -444,11 +510,17 @@ def _parse_claims(chk: Checker, data: list | None, tables: Mapping[str, TableSpe
         spec = tables[table]
         column = chk.choice(body["column"], f"{where}.column", [c.name for c in spec.columns])
         if spec.column(column).is_comparison:
-            chk.fail(f"{where}.column", "a versus column is itself a set of tested claims; claim the column it tests",
-                     [c.name for c in spec.columns if not c.is_comparison])
+            chk.fail(
+                f"{where}.column",
+                "a versus column is itself a set of tested claims; claim the column it tests",
+                [c.name for c in spec.columns if not c.is_comparison],
+            )
         if spec.column(column).metric == "steps_to":
-            chk.fail(f"{where}.column", "a steps_to column cannot be tested (one value per seed)",
-                     [c.name for c in spec.columns if c.metric != "steps_to"])
+            chk.fail(
+                f"{where}.column",
+                "a steps_to column cannot be tested (one value per seed)",
+                [c.name for c in spec.columns if c.metric != "steps_to"],
+            )
         kind = body["kind"]
         backbones = _unique_list(r.backbone for r in spec.rows)
         backbone = chk.choice(body["backbone"], f"{where}.backbone", backbones) if "backbone" in body else None
@@ -459,8 +531,11 @@ def _parse_claims(chk: Checker, data: list | None, tables: Mapping[str, TableSpe
                 return (matches[0].label, matches[0].backbone)
             choices = _unique_list(r.label for r in spec.rows if backbone in (None, r.backbone))
             if not matches:
-                chk.fail(at, f"unknown row {label!r} in table {table!r}"
-                         + (f" on backbone {backbone!r}" if backbone else ""), choices)
+                chk.fail(
+                    at,
+                    f"unknown row {label!r} in table {table!r}" + (f" on backbone {backbone!r}" if backbone else ""),
+                    choices,
+                )
             chk.fail(at, f"row {label!r} is on several backbones: set the claim's `backbone`", backbones)
 
         fields: dict[str, Any] = {}
@@ -471,8 +546,15 @@ def _parse_claims(chk: Checker, data: list | None, tables: Mapping[str, TableSpe
                 fields[key] = tuple(ref(v, f"{where}.{key}[{j}]") for j, v in enumerate(body[key]))
         if kind == "matched_order":
             fields.update(_parse_series(chk, body, where, spec, column, ref))
-        claim = Claim(cid, " ".join(body["text"].split()), table, column, kind,
-                      direction=body.get("direction", "higher"), **fields)
+        claim = Claim(
+            cid,
+            " ".join(body["text"].split()),
+            table,
+            column,
+            kind,
+            direction=body.get("direction", "higher"),
+            **fields,
+        )
         if any(a == b for a, b in claim.comparisons()):
             chk.fail(where, "a claim compares a row with itself")
         claims.append(claim)
@@ -494,10 +576,14 @@ def _parse_series(chk: Checker, body: Mapping, where: str, spec: TableSpec, colu
             if row in seen:
                 chk.fail(f"{at}[{j}]", f"row {row[0]!r} is already in series {seen[row]!r}")
             seen[row] = str(name)
-            if spec.column(x).metric_for(None) == "replacement_rate" and not next(
-                    r for r in spec.rows if (r.label, r.backbone) == row).decode:
-                chk.fail(f"{at}[{j}]", f"row {row[0]!r} has no test-time decoding: it has no {x!r} "
-                         f"(replacement_rate) to match on")
+            if (
+                spec.column(x).metric_for(None) == "replacement_rate"
+                and not next(r for r in spec.rows if (r.label, r.backbone) == row).decode
+            ):
+                chk.fail(
+                    f"{at}[{j}]",
+                    f"row {row[0]!r} has no test-time decoding: it has no {x!r} (replacement_rate) to match on",
+                )
         series.append((str(name), rows))
     return {"series": tuple(series), "x": x}
 
@@ -517,23 +603,32 @@ def _parse_analyses(chk: Checker, data: Mapping | None, paper: Mapping[str, Any]
     for name, body in (data or {}).items():
         where = f"analyses.{name}"
         if body["run"] == BASE_RUN:
-            chk.fail(f"{where}.run", "an analysis needs a run config (method, overrides): name one of the paper's "
-                     "runs and choose `start: base` to start from the base model", paper["runs"])
+            chk.fail(
+                f"{where}.run",
+                "an analysis needs a run config (method, overrides): name one of the paper's "
+                "runs and choose `start: base` to start from the base model",
+                paper["runs"],
+            )
         out[str(name)] = AnalysisSpec(
-            str(name), body["kind"],
+            str(name),
+            body["kind"],
             backbone=chk.choice(body["backbone"], f"{where}.backbone", paper["backbones"]),
             run=chk.choice(body["run"], f"{where}.run", paper["runs"]),
             start=_parse_start(chk, body.get("start", "base"), f"{where}.start"),
             caption=" ".join(str(body.get("caption") or "").split()),
-            params=tuple((str(k), _freeze(v)) for k, v in (body.get("params") or {}).items()))
+            params=tuple((str(k), _freeze(v)) for k, v in (body.get("params") or {}).items()),
+        )
     return out
 
 
 def _parse_start(chk: Checker, value: Any, where: str) -> str:
     """An analysis' `start` (ANALYSIS_STARTS): base | trained | trained@<step >= 1> | trained@<percent in (0, 100]>%."""
     m = _START_RE.fullmatch(str(value))
-    if not isinstance(value, str) or m is None or (m.group(2) is not None and not (
-            0 < int(m.group(2)) <= (100 if m.group(3) else 10**9))):
+    if (
+        not isinstance(value, str)
+        or m is None
+        or (m.group(2) is not None and not (0 < int(m.group(2)) <= (100 if m.group(3) else 10**9)))
+    ):
         chk.fail(where, f"unknown value {value!r} (a step must be >= 1, a percent in (0, 100])", ANALYSIS_STARTS)
     return value
 
@@ -547,8 +642,9 @@ def _parse_seeds(chk: Checker, data: Mapping | None, scales: list[str]) -> dict[
     return seeds
 
 
-def _parse_figures(chk: Checker, data: Mapping | None, tables: Mapping[str, TableSpec], paper: Mapping[str, Any]
-                   ) -> dict[str, FigureSpec]:
+def _parse_figures(
+    chk: Checker, data: Mapping | None, tables: Mapping[str, TableSpec], paper: Mapping[str, Any]
+) -> dict[str, FigureSpec]:
     """`figures`: name -> {kind, caption, ...}; the table, columns, backbone and run each kind needs checked (a missing
     one is an unknown None, with the choices)."""
     figures: dict[str, FigureSpec] = {}
@@ -562,11 +658,15 @@ def _parse_figures(chk: Checker, data: Mapping | None, tables: Mapping[str, Tabl
             x = chk.choice(body.get("x"), f"{where}.x", cols) if kind in ("replacement_curves", "scatter") else None
             fig = FigureSpec(str(name), kind, caption, table, x, chk.choice(body.get("y"), f"{where}.y", cols))
         else:
-            fig = FigureSpec(str(name), kind, caption,
-                             backbone=chk.choice(body.get("backbone"), f"{where}.backbone", paper["backbones"]),
-                             run=chk.choice(body.get("run"), f"{where}.run", paper["runs"]),
-                             top=body.get("top", TOKEN_CREDIT_TOP), min_count=body.get("min_count",
-                                                                                       TOKEN_CREDIT_MIN_COUNT))
+            fig = FigureSpec(
+                str(name),
+                kind,
+                caption,
+                backbone=chk.choice(body.get("backbone"), f"{where}.backbone", paper["backbones"]),
+                run=chk.choice(body.get("run"), f"{where}.run", paper["runs"]),
+                top=body.get("top", TOKEN_CREDIT_TOP),
+                min_count=body.get("min_count", TOKEN_CREDIT_MIN_COUNT),
+            )
         figures[str(name)] = fig
     return figures
 
@@ -623,7 +723,6 @@ def load_papers(config_dir: str | Path, names: Iterable[str]) -> dict[str, Paper
             raise ValueError(f"{config_dir}: unknown paper {name!r}; choices: {available}")
         spec = load_paper(path)
         if spec.paper != name:
-            raise ValueError(f"{path}: paper: {spec.paper!r} does not match the file name; "
-                             f"choices: [{name!r}]")
+            raise ValueError(f"{path}: paper: {spec.paper!r} does not match the file name; choices: [{name!r}]")
         papers[name] = spec
     return papers

@@ -241,8 +241,13 @@ class DecodeSpec:
 
     def settings(self, scale: str) -> dict[str, Any]:
         """Keyword arguments of creditlab.decoding.extrapolation.make_selective_generate_fn."""
-        return {"criterion": self.criterion, "threshold": self.threshold(scale), "gamma": self.gamma,
-                "decode_with": self.decode_with, "top_k_support": self.top_k_support}
+        return {
+            "criterion": self.criterion,
+            "threshold": self.threshold(scale),
+            "gamma": self.gamma,
+            "decode_with": self.decode_with,
+            "top_k_support": self.top_k_support,
+        }
 
 
 @dataclass(frozen=True)
@@ -316,8 +321,7 @@ class TableSpec:
             if col.name == name:
                 return col
         raise ValueError(
-            f"table {self.paper}/{self.name}: unknown column {name!r}; "
-            f"choices: {[c.name for c in self.columns]}"
+            f"table {self.paper}/{self.name}: unknown column {name!r}; choices: {[c.name for c in self.columns]}"
         )
 
     def leaves(self, column: Column, scale: str | None = None) -> list[tuple[str, str]]:
@@ -376,8 +380,9 @@ class PaperSpec:
     A table left out is no default target and not in the paper's ledger (`built_at`), nor are the figures drawn from it;
     its claims are reported as not built, never tested."""
 
-    def run_overrides(self, run: str, paper_backbone: str, scale: str, combination: tuple[str, ...] = ()
-                      ) -> tuple[str, ...]:
+    def run_overrides(
+        self, run: str, paper_backbone: str, scale: str, combination: tuple[str, ...] = ()
+    ) -> tuple[str, ...]:
         """The Hydra overrides of `run` on `paper_backbone` at `scale`, in the order they apply (the last value of a
         key wins): the paper's `scale_overrides.<scale>` for every run (``*``), then for `paper_backbone` (the paper's
         settings at that scale), then `combination` (the overrides that add the run's `combine` methods' credit
@@ -421,8 +426,7 @@ class PaperSpec:
         benchmark or scale, as suite_for)."""
         return _lookup(self.benchmarks, "benchmarks", benchmark, scale, self.source) is not None
 
-    def leaves_at(self, table: str, column: Column | str, scale: str
-                  ) -> tuple[list[tuple[str, str]], list[str]]:
+    def leaves_at(self, table: str, column: Column | str, scale: str) -> tuple[list[tuple[str, str]], list[str]]:
         """(mapped (benchmark, metric) pairs, benchmarks without a stand-in) of a column at `scale`; each metric is the
         one its column reads at `scale` (`Column.metric_for`: a per-scale binding such as ``pass@16`` at paper scale,
         ``pass@8`` at tiny)."""
@@ -478,24 +482,19 @@ class PaperSpec:
         """The table called `name` (ValueError naming the choices otherwise)."""
         if name not in self.tables:
             raise ValueError(
-                f"{self.source}: paper {self.paper!r} has no table {name!r}; "
-                f"choices: {sorted(self.tables)}"
+                f"{self.source}: paper {self.paper!r} has no table {name!r}; choices: {sorted(self.tables)}"
             )
         return self.tables[name]
 
 
-def _lookup(mapping: dict[str, dict[str, Any]], what: str, key: str, scale: str,
-            source: str) -> Any:
+def _lookup(mapping: dict[str, dict[str, Any]], what: str, key: str, scale: str, source: str) -> Any:
     """mapping[key][scale] (`scale` read as creditlab.scales.spec_scale says) with a ValueError naming the valid
     choices on either miss."""
     scale = spec_scale(scale)
     if key not in mapping:
         raise ValueError(f"{source}: unknown {what} entry {key!r}; choices: {sorted(mapping)}")
     if scale not in mapping[key]:
-        raise ValueError(
-            f"{source}: {what}.{key} has no mapping for scale {scale!r}; "
-            f"choices: {sorted(mapping[key])}"
-        )
+        raise ValueError(f"{source}: {what}.{key} has no mapping for scale {scale!r}; choices: {sorted(mapping[key])}")
     return mapping[key][scale]
 
 

@@ -242,8 +242,9 @@ def correctly_rounded(gold: Basic, answer: Float) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def exact_numeric_eq(gold: Basic | MatrixBase, pred: Basic | MatrixBase, float_rounding: int = 6,
-                     numeric_precision: int = 15) -> bool:
+def exact_numeric_eq(
+    gold: Basic | MatrixBase, pred: Basic | MatrixBase, float_rounding: int = 6, numeric_precision: int = 15
+) -> bool:
     """Drop-in for ``math_verify.grader.sympy_numeric_eq`` (same signature; the precisions are ignored).
 
     True when ``gold`` and ``pred`` are the same number (see the module docstring), element-wise for

@@ -25,8 +25,8 @@ import logging
 import re
 from importlib.metadata import PackageNotFoundError, version
 
-from creditlab.rewards.registry import RewardSpec, add_spec, register
 from creditlab.rewards.math_exact import exact_numbers, rewrite_scientific
+from creditlab.rewards.registry import RewardSpec, add_spec, register
 
 # ----------------------------------------------------------------------------------------------
 # Extraction
@@ -203,20 +203,24 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
-add_spec(RewardSpec(
-    name="math_verify",
-    extract=extract_last_boxed,
-    judge=judge_math_verify,
-    failure=MATH_VERIFY_WRONG,
-    cache_tag=f"math_verify/v2-exact/math-verify=={_package_version('math-verify')}",
-))
-add_spec(RewardSpec(
-    name="dapo_answer",
-    extract=extract_dapo_answer,
-    judge=judge_dapo,
-    failure=DAPO_WRONG,
-    cache_tag="dapo_answer/v1",
-))
+add_spec(
+    RewardSpec(
+        name="math_verify",
+        extract=extract_last_boxed,
+        judge=judge_math_verify,
+        failure=MATH_VERIFY_WRONG,
+        cache_tag=f"math_verify/v2-exact/math-verify=={_package_version('math-verify')}",
+    )
+)
+add_spec(
+    RewardSpec(
+        name="dapo_answer",
+        extract=extract_dapo_answer,
+        judge=judge_dapo,
+        failure=DAPO_WRONG,
+        cache_tag="dapo_answer/v1",
+    )
+)
 
 
 def quiet_math_verify_logs() -> None:

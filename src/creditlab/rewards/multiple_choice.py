@@ -114,9 +114,7 @@ _HEDGE_OPEN = r"(?:\s|[(*$\[{]|\\boxed\{|\\text(?:bf)?\{|\\math(?:rm|bf)\{|\\\(|
 _HEDGE_CLOSE = r"(?:\s|[)*$}\]]|\\\)|\\\])*"
 _HEDGE_WORD = r"(?:\bor\b|\band\b|/)"
 _HEDGE_AFTER = re.compile(_HEDGE_CLOSE + _HEDGE_WORD + _HEDGE_OPEN + r"[A-Z](?![A-Za-z0-9])", re.IGNORECASE)
-_HEDGE_BEFORE = re.compile(
-    r"(?<![A-Za-z0-9])[A-Z]" + _HEDGE_CLOSE + _HEDGE_WORD + _HEDGE_OPEN + "$", re.IGNORECASE
-)
+_HEDGE_BEFORE = re.compile(r"(?<![A-Za-z0-9])[A-Z]" + _HEDGE_CLOSE + _HEDGE_WORD + _HEDGE_OPEN + "$", re.IGNORECASE)
 # a box holding two or more option letters: "\\boxed{A or B}", "\\boxed{A/B}", "\\boxed{A, C}" (not "\\boxed{x, y}")
 _BOXED_HEDGE = re.compile(r"^\(?[A-Z]\)?(?:\s*(?:,|/|&|\b(?i:or|and)\b)\s*\(?[A-Z]\)?)+$")
 # what may separate two boxed letters that are both final answers: "\\boxed{A}, \\boxed{B}",
@@ -335,9 +333,7 @@ def option_seed(seed: int, question_id: str) -> int:
     return derive_seed(seed, question_id)
 
 
-def shuffle_options(
-    options: Sequence[str], correct_index: int, seed: int, question_id: str
-) -> tuple[list[str], str]:
+def shuffle_options(options: Sequence[str], correct_index: int, seed: int, question_id: str) -> tuple[list[str], str]:
     """Shuffle ``options`` deterministically per question; return them and the correct letter.
 
     The permutation is ``random.Random(option_seed(seed, question_id)).sample(range(n), n)`` (the

@@ -47,8 +47,10 @@ def data_source_kind(data_source: str) -> str:
         return "code"
     if any(marker in name for marker in _MATH_MARKERS):
         return "math"
-    raise ValueError(f"no creditlab reward for data_source {data_source!r} (kinds by name: multiple_choice "
-                     f"{_MC_MARKERS}, code {_CODE_MARKERS}, math {_MATH_MARKERS})")
+    raise ValueError(
+        f"no creditlab reward for data_source {data_source!r} (kinds by name: multiple_choice "
+        f"{_MC_MARKERS}, code {_CODE_MARKERS}, math {_MATH_MARKERS})"
+    )
 
 
 def reward_of_kind(kind: str, math_reward: str) -> str:

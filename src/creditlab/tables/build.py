@@ -63,21 +63,54 @@ from creditlab.tables.stats import (
 )
 
 
-def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int], **cells: Any
-          ) -> dict[str, Any]:
+def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int], **cells: Any) -> dict[str, Any]:
     """One long-frame line; `cells` fill the computed fields (the others are empty)."""
-    blank = {"suites": "", "metric": column.metric or "", "unit": "%", "ours_mean": float("nan"),
-             "ours_lo": float("nan"), "ours_hi": float("nan"), "n_questions": 0, "n_steps": 0,
-             "left_out": "", "detail": "", "censored": 0, "ref_censored": 0, "mlflow_run_ids": "",
-             "run_keys": "", "commits": "", "configs": "", "sources": "", "verdict": "", "p_value": float("nan"),
-             "p_adj": float("nan")}
-    return {"row": row.label, "paper_backbone": row.backbone, "backbone": backbone, "run": row.run,
-            "column": column.name, "seeds": SEP.join(map(str, seeds)),
-            "paper": row.paper.get(column.name, float("nan")), "scale": scale, **blank, **cells}
+    blank = {
+        "suites": "",
+        "metric": column.metric or "",
+        "unit": "%",
+        "ours_mean": float("nan"),
+        "ours_lo": float("nan"),
+        "ours_hi": float("nan"),
+        "n_questions": 0,
+        "n_steps": 0,
+        "left_out": "",
+        "detail": "",
+        "censored": 0,
+        "ref_censored": 0,
+        "mlflow_run_ids": "",
+        "run_keys": "",
+        "commits": "",
+        "configs": "",
+        "sources": "",
+        "verdict": "",
+        "p_value": float("nan"),
+        "p_adj": float("nan"),
+    }
+    return {
+        "row": row.label,
+        "paper_backbone": row.backbone,
+        "backbone": backbone,
+        "run": row.run,
+        "column": column.name,
+        "seeds": SEP.join(map(str, seeds)),
+        "paper": row.paper.get(column.name, float("nan")),
+        "scale": scale,
+        **blank,
+        **cells,
+    }
 
 
-def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, scale: str,
-               seeds: Sequence[int], results: list[dict[str, Any]], k: int) -> dict[str, Any]:
+def _eval_line(
+    paper: PaperSpec,
+    table: TableSpec,
+    row: Row,
+    column: Column,
+    scale: str,
+    seeds: Sequence[int],
+    results: list[dict[str, Any]],
+    k: int,
+) -> dict[str, Any]:
     """The line of an accuracy cell: the column's mapped (suite, metric) pairs from the evaluations."""
     leaves, left_out = paper.leaves_at(table.name, column, scale)
     suites = [paper.suite_for(bench, scale) for bench, _ in leaves]
@@ -87,14 +120,32 @@ def _eval_line(paper: PaperSpec, table: TableSpec, row: Row, column: Column, sca
     else:
         per_suite = [seed_averaged(results, s, m) for s, m in zip(suites, metrics)]
         mean, lo, hi = cell_stats(per_suite, column.weighting)
-    return _line(row, paper.backbone_for(row.backbone, scale), column, scale, seeds,
-                 suites=SEP.join(unique(suites)), metric=SEP.join(unique(metrics)), ours_mean=mean,
-                 ours_lo=lo, ours_hi=hi, n_questions=sum(len(v) for v in per_suite),
-                 left_out=SEP.join(left_out), **provenance(results))
+    return _line(
+        row,
+        paper.backbone_for(row.backbone, scale),
+        column,
+        scale,
+        seeds,
+        suites=SEP.join(unique(suites)),
+        metric=SEP.join(unique(metrics)),
+        ours_mean=mean,
+        ours_lo=lo,
+        ours_hi=hi,
+        n_questions=sum(len(v) for v in per_suite),
+        left_out=SEP.join(left_out),
+        **provenance(results),
+    )
 
 
-def _per_suite(paper: PaperSpec, table: TableSpec, column: Column, scale: str, results: list[dict[str, Any]],
-               k: int, per_seed: bool = False) -> tuple[list[str], list[str], list[np.ndarray]]:
+def _per_suite(
+    paper: PaperSpec,
+    table: TableSpec,
+    column: Column,
+    scale: str,
+    results: list[dict[str, Any]],
+    k: int,
+    per_seed: bool = False,
+) -> tuple[list[str], list[str], list[np.ndarray]]:
     """(suites, concrete metrics, per-question values of each suite averaged over the seeds' results, or with
     `per_seed` one column per seed: seed_matrix) of a column."""
     leaves, _ = paper.leaves_at(table.name, column, scale)
@@ -104,8 +155,15 @@ def _per_suite(paper: PaperSpec, table: TableSpec, column: Column, scale: str, r
     return suites, metrics, [values(results, s, m) for s, m in zip(suites, metrics)]
 
 
-def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequence[int], k: int,
-                  cells: list[tuple[Row, Column]], results_of) -> list[dict[str, Any]]:
+def _versus_lines(
+    paper: PaperSpec,
+    table: TableSpec,
+    scale: str,
+    seeds: Sequence[int],
+    k: int,
+    cells: list[tuple[Row, Column]],
+    results_of,
+) -> list[dict[str, Any]]:
     """The lines of a table's versus cells, as one family: per cell the paired bootstrap of the row's `of` column
     against the reference run's on the same backbone (the ledger's paired test, values in percentage points),
     its two-sided p, Holm over every non-reference cell, the verdict. `results_of(backbone, run)`: the run's
@@ -122,25 +180,54 @@ def _versus_lines(paper: PaperSpec, table: TableSpec, scale: str, seeds: Sequenc
         theirs = results_of(backbone, ref, None)
         of = table.column(str(column.of))
         suites, _, a = _per_suite(paper, table, of, scale, mine, k, per_seed=True)
-        common = {"unit": f"pp vs {ref}", "suites": SEP.join(unique(suites)), "metric": column.metric or "",
-                  "n_questions": sum(len(v) for v in a)}
+        common = {
+            "unit": f"pp vs {ref}",
+            "suites": SEP.join(unique(suites)),
+            "metric": column.metric or "",
+            "n_questions": sum(len(v) for v in a),
+        }
         if row.run == ref and row.decode is None:
-            out.append(_line(row, backbone, column, scale, seeds, verdict="reference", detail=f"reference: {ref_label}",
-                             **common, **provenance(mine)))
+            out.append(
+                _line(
+                    row,
+                    backbone,
+                    column,
+                    scale,
+                    seeds,
+                    verdict="reference",
+                    detail=f"reference: {ref_label}",
+                    **common,
+                    **provenance(mine),
+                )
+            )
             continue
         _, _, b = _per_suite(paper, table, of, scale, theirs, k, per_seed=True)
-        st = paired_bootstrap_diff_suites([100.0 * x for x in a], [100.0 * x for x in b], of.weighting,
-                                          alpha=ALPHA / 2)
+        st = paired_bootstrap_diff_suites([100.0 * x for x in a], [100.0 * x for x in b], of.weighting, alpha=ALPHA / 2)
         family.append((len(out), ref_label, ref != column.relative_to))
         stats.append(st)
-        out.append(_line(row, backbone, column, scale, seeds, ours_mean=st[0], ours_lo=st[1], ours_hi=st[2],
-                         detail=f"{row.label} vs {ref_label} on {column.of}: {VERSUS_TEST}", **common,
-                         **provenance(mine + theirs)))
+        out.append(
+            _line(
+                row,
+                backbone,
+                column,
+                scale,
+                seeds,
+                ours_mean=st[0],
+                ours_lo=st[1],
+                ours_hi=st[2],
+                detail=f"{row.label} vs {ref_label} on {column.of}: {VERSUS_TEST}",
+                **common,
+                **provenance(mine + theirs),
+            )
+        )
     verdicts = versus_verdicts([st[0] for st in stats], [st[3] for st in stats], [st[4] for st in stats])
     for (i, label, own), (p2, adj, verdict) in zip(family, verdicts):
         # "noise" alone against the column's reference; a row with its own baseline says which
-        text = f"{verdict} vs {label}" if verdict == "noise" and own else (
-            verdict if verdict == "noise" else f"{verdict} {label}")
+        text = (
+            f"{verdict} vs {label}"
+            if verdict == "noise" and own
+            else (verdict if verdict == "noise" else f"{verdict} {label}")
+        )
         out[i].update(p_value=p2, p_adj=adj, verdict=text)
     return out
 
@@ -161,8 +248,15 @@ def _suffix(column: Column) -> str:
     return " s" if column.metric == "step_time" else f" {column.series_key}"
 
 
-def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
-                    times: StepTimes | None, ref: StepTimes | None) -> dict[str, Any]:
+def _step_time_line(
+    row: Row,
+    backbone: str,
+    column: Column,
+    scale: str,
+    seeds: Sequence[int],
+    times: StepTimes | None,
+    ref: StepTimes | None,
+) -> dict[str, Any]:
     """The line of a step_time cell (empty for the base model, which is not trained)."""
     unit = _unit(column)
     if times is None:
@@ -177,12 +271,31 @@ def _step_time_line(row: Row, backbone: str, column: Column, scale: str, seeds: 
         assert ref is not None
         mean, lo, hi = step_time_stats(times, ref, column.relative)
         detail = f"{times.mean:.3f}{_suffix(column)} vs {ref.mean:.3f}{_suffix(column)} ({column.relative_to})"
-    return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
-                 n_steps=len(times.values), detail=detail, **times.provenance)
+    return _line(
+        row,
+        backbone,
+        column,
+        scale,
+        seeds,
+        unit=unit,
+        ours_mean=mean,
+        ours_lo=lo,
+        ours_hi=hi,
+        n_steps=len(times.values),
+        detail=detail,
+        **times.provenance,
+    )
 
 
-def _steps_to_line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[int],
-                   value: StepsTo | None, ref: StepsTo | None) -> dict[str, Any]:
+def _steps_to_line(
+    row: Row,
+    backbone: str,
+    column: Column,
+    scale: str,
+    seeds: Sequence[int],
+    value: StepsTo | None,
+    ref: StepsTo | None,
+) -> dict[str, Any]:
     """The line of a steps_to cell (empty for the base model, which is not trained); censored seeds are
     counted in `censored` (and the reference run's in `ref_censored`)."""
     unit = _unit(column)
@@ -199,16 +312,32 @@ def _steps_to_line(row: Row, backbone: str, column: Column, scale: str, seeds: S
     else:
         assert ref is not None
         mean, lo, hi = steps_to_stats(value, ref, column.relative)
-        detail = (f"{steps_to_text(value)} vs {steps_to_text(ref)} ({column.relative_to}); "
-                  f"{steps_to_per_seed(value)}; {column.relative_to}: {steps_to_per_seed(ref)}")
+        detail = (
+            f"{steps_to_text(value)} vs {steps_to_text(ref)} ({column.relative_to}); "
+            f"{steps_to_per_seed(value)}; {column.relative_to}: {steps_to_per_seed(ref)}"
+        )
         ref_censored = ref.n_censored
-    return _line(row, backbone, column, scale, seeds, unit=unit, ours_mean=mean, ours_lo=lo, ours_hi=hi,
-                 n_steps=int(value.trained.sum()), detail=detail, censored=value.n_censored,
-                 ref_censored=ref_censored, **value.provenance)
+    return _line(
+        row,
+        backbone,
+        column,
+        scale,
+        seeds,
+        unit=unit,
+        ours_mean=mean,
+        ours_lo=lo,
+        ours_hi=hi,
+        n_steps=int(value.trained.sum()),
+        detail=detail,
+        censored=value.n_censored,
+        ref_censored=ref_censored,
+        **value.provenance,
+    )
 
 
-def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], evals_dir: Path,
-                k: int, runs_dir: Path | None = None) -> pd.DataFrame:
+def build_table(
+    paper: PaperSpec, table: str, scale: str, seeds: list[int], evals_dir: Path, k: int, runs_dir: Path | None = None
+) -> pd.DataFrame:
     """Compute every cell of `paper`'s `table` at `scale` from the evaluations of `seeds`.
 
     `k` is the evaluation's k at that scale (it resolves the symbolic "avg@k" / "pass@k").
@@ -224,7 +353,8 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
     if not columns:
         raise ValueError(
             f"{paper.source}: table {table!r} has no column at scale {scale!r}: none of its benchmarks "
-            f"has a stand-in there; tables buildable at {scale!r}: {paper.tables_at(scale)}")
+            f"has a stand-in there; tables buildable at {scale!r}: {paper.tables_at(scale)}"
+        )
     runs_dir = Path(evals_dir).parent / "runs" if runs_dir is None else Path(runs_dir)
     cache: dict[tuple[str, str, int, str | None], dict[str, Any]] = {}
     times: dict[tuple[str, str, str], StepTimes] = {}
@@ -264,19 +394,30 @@ def build_table(paper: PaperSpec, table: str, scale: str, seeds: list[int], eval
             trained = row.run != BASE_RUN
             if column.metric == "steps_to":
                 ref_st = steps_to(backbone, column.relative_to, column) if trained and column.relative_to else None
-                lines.append(_steps_to_line(row, backbone, column, scale, seeds,
-                                            steps_to(backbone, row.run, column) if trained else None, ref_st))
+                lines.append(
+                    _steps_to_line(
+                        row,
+                        backbone,
+                        column,
+                        scale,
+                        seeds,
+                        steps_to(backbone, row.run, column) if trained else None,
+                        ref_st,
+                    )
+                )
                 continue
             k_ = column.series_key
             ref = step_times(backbone, column.relative_to, k_) if trained and column.relative_to else None
-            lines.append(_step_time_line(row, backbone, column, scale, seeds,
-                                         step_times(backbone, row.run, k_) if trained else None, ref))
+            lines.append(
+                _step_time_line(
+                    row, backbone, column, scale, seeds, step_times(backbone, row.run, k_) if trained else None, ref
+                )
+            )
     filled = iter(_versus_lines(paper, spec, scale, seeds, k, versus, results_of) if versus else [])
     return pd.DataFrame([line if line is not None else next(filled) for line in lines], columns=list(LONG_COLUMNS))
 
 
-def write_table(df: pd.DataFrame, table: TableSpec, paper: PaperSpec, out_csv: Path,
-                out_md: Path) -> None:
+def write_table(df: pd.DataFrame, table: TableSpec, paper: PaperSpec, out_csv: Path, out_md: Path) -> None:
     """Write the long frame as CSV and a wide, annotated Markdown page.
 
     The Markdown states the scale, the backbone and benchmark mappings (and the benchmarks without a

@@ -30,9 +30,13 @@ def _warn(message: str) -> None:
     log.warning(message)
 
 
-def plot_training_curves(series: Mapping[str, Path], out_png: Path,
-                         keys: Sequence[str] = DEFAULT_KEYS, title: str | None = None,
-                         smoothing: float = 0.6) -> Path:
+def plot_training_curves(
+    series: Mapping[str, Path],
+    out_png: Path,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    title: str | None = None,
+    smoothing: float = 0.6,
+) -> Path:
     """Plot one subplot per metric key, one line per run, against the training step.
 
     `series` maps a legend label to a run's metrics.jsonl (one JSON object per step with a
@@ -47,8 +51,7 @@ def plot_training_curves(series: Mapping[str, Path], out_png: Path,
         for i, (label, records) in enumerate(runs.items()):
             steps, values = curve(records, key)
             if not steps:
-                _warn(f"{series[label]}: no {key!r} values with a step; "
-                      f"{label!r} left out of that plot")
+                _warn(f"{series[label]}: no {key!r} values with a step; {label!r} left out of that plot")
                 continue
             color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
             if smoothing > 0:
@@ -79,8 +82,10 @@ def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
     reference lines. Error bars are the cells' 95% bootstrap CIs.
     """
     table = paper.table(figure.table)
-    cell = {(r, c): (m, lo, hi) for r, c, m, lo, hi in
-            df[["row", "column", "ours_mean", "ours_lo", "ours_hi"]].itertuples(index=False)}
+    cell = {
+        (r, c): (m, lo, hi)
+        for r, c, m, lo, hi in df[["row", "column", "ours_mean", "ours_lo", "ours_hi"]].itertuples(index=False)
+    }
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     lines: dict[str, list[tuple]] = {}
     for row in table.rows:
@@ -88,8 +93,14 @@ def plot_replacement_curves(df, paper, figure, out_png: Path) -> Path:
             y, lo, hi = cell[(row.label, figure.y)]
             is_base = row.run == "base"
             ax.axhline(y, ls="--", lw=1, color="grey" if is_base else "black")
-            ax.annotate(row.label, (0.01 if is_base else 0.99, y), xycoords=("axes fraction", "data"),
-                        ha="left" if is_base else "right", va="bottom", fontsize=8)
+            ax.annotate(
+                row.label,
+                (0.01 if is_base else 0.99, y),
+                xycoords=("axes fraction", "data"),
+                ha="left" if is_base else "right",
+                va="bottom",
+                fontsize=8,
+            )
             continue
         crit = paper.decodes[row.decode].criterion
         lines.setdefault(crit, []).append((cell[(row.label, figure.x)], cell[(row.label, figure.y)]))
@@ -134,8 +145,10 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     table = paper.table(figure.table)
     sub = df[df["column"] == figure.y]
     if sub.empty:
-        raise ValueError(f"figure {figure.name!r}: column {figure.y!r} is not in the table frame of "
-                         f"{figure.table!r} (omitted at this scale?); columns: {sorted(set(df['column']))}")
+        raise ValueError(
+            f"figure {figure.name!r}: column {figure.y!r} is not in the table frame of "
+            f"{figure.table!r} (omitted at this scale?); columns: {sorted(set(df['column']))}"
+        )
     backbones = list(dict.fromkeys(r.backbone for r in table.rows))
     several = len(backbones) > 1
     unit = str(sub["unit"].iloc[0]) if "unit" in sub else "%"
@@ -146,18 +159,26 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
         if several and "paper_backbone" in cell:
             cell = cell[cell["paper_backbone"] == row.backbone]
         if cell.empty or pd.isna(cell["ours_mean"].iloc[0]):
-            _warn(f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.y!r} value; "
-                  f"no bar")
+            _warn(f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.y!r} value; no bar")
             continue
         line = cell.iloc[0]
         label = f"{row.label}\n{row.backbone}" if several else row.label
         paper_value = line["paper"] if "paper" in cell else float("nan")
         own, ref = (int(line[c]) if c in cell and not pd.isna(line[c]) else 0 for c in ("censored", "ref_censored"))
-        bound = ("?" if own and ref else ">" if own else "<" if ref else "")
+        bound = "?" if own and ref else ">" if own else "<" if ref else ""
         if str(line.get("detail", "")).startswith("reference"):
             bound = ""  # the reference rows of a relative column: 1x / 0% by definition
-        bars.append((label, row.backbone, float(line["ours_mean"]), float(line["ours_lo"]),
-                     float(line["ours_hi"]), float(paper_value), bound))
+        bars.append(
+            (
+                label,
+                row.backbone,
+                float(line["ours_mean"]),
+                float(line["ours_lo"]),
+                float(line["ours_hi"]),
+                float(paper_value),
+                bound,
+            )
+        )
     if not bars:
         raise ValueError(f"figure {figure.name!r}: no row of table {figure.table!r} has a {figure.y!r} value")
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(bars) + 1.5), 4.2))
@@ -171,8 +192,15 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
         if b[6]:
             patch.set_hatch("//")
     for x, m, h, b in zip(xs, means, np.where(np.isnan(hi), means, hi), bars):
-        ax.annotate(f"{b[6]}{m:.2f}", (x, max(m, h)), ha="center", va="bottom", fontsize=7,
-                    xytext=(0, 2), textcoords="offset points")
+        ax.annotate(
+            f"{b[6]}{m:.2f}",
+            (x, max(m, h)),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     if scale == "paper":
         paper_pts = [(x, b[5]) for x, b in zip(xs, bars) if math.isfinite(b[5])]
         if paper_pts:
@@ -183,11 +211,19 @@ def plot_bars(df, paper, figure, out_png: Path) -> Path:
     elif unit.startswith("x vs"):
         ax.axhline(1.0, color="black", lw=0.8)
     if any(b[6] for b in bars):
-        ax.text(0.01, 0.99, "hatched: censored seeds (> lower bound, < upper bound, ? none)", transform=ax.transAxes,
-                ha="left", va="top", fontsize=7)
+        ax.text(
+            0.01,
+            0.99,
+            "hatched: censored seeds (> lower bound, < upper bound, ? none)",
+            transform=ax.transAxes,
+            ha="left",
+            va="top",
+            fontsize=7,
+        )
     crowded = len(bars) > 4
-    ax.set_xticks(xs, [b[0] for b in bars], rotation=30 if crowded else 0, ha="right" if crowded else "center",
-                  fontsize=8)
+    ax.set_xticks(
+        xs, [b[0] for b in bars], rotation=30 if crowded else 0, ha="right" if crowded else "center", fontsize=8
+    )
     ax.set_ylabel(_y_label(figure.y, unit))
     ax.grid(axis="y", alpha=0.3)
     title = f"{paper.title.split(':')[0]}: {figure.name}"
@@ -205,8 +241,10 @@ def plot_scatter(df, paper, figure, out_png: Path) -> Path:
     import pandas as pd
 
     table = paper.table(figure.table)
-    cells = {(r, b, c): line for r, b, c, line in zip(df["row"], df["paper_backbone"], df["column"],
-                                                       df.itertuples(index=False))}
+    cells = {
+        (r, b, c): line
+        for r, b, c, line in zip(df["row"], df["paper_backbone"], df["column"], df.itertuples(index=False))
+    }
     versus = [c.name for c in table.columns if c.is_comparison and c.name in set(df["column"])]
     scale = str(df["scale"].iloc[0]) if len(df) else ""
     colors = {"beats": "C2", "worse": "C3", "noise": "C7", "reference": "black"}
@@ -214,26 +252,44 @@ def plot_scatter(df, paper, figure, out_png: Path) -> Path:
     for row in table.rows:
         x, y = cells.get((row.label, row.backbone, figure.x)), cells.get((row.label, row.backbone, figure.y))
         if x is None or y is None or pd.isna(x.ours_mean) or pd.isna(y.ours_mean):
-            _warn(f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.x!r} / {figure.y!r} "
-                  f"value; no point")
+            _warn(
+                f"figure {figure.name!r}: row {row.label!r} ({row.backbone}) has no {figure.x!r} / {figure.y!r} "
+                f"value; no point"
+            )
             continue
         verdict = str(getattr(cells.get((row.label, row.backbone, versus[0])), "verdict", "")) if versus else ""
         pts.append((row.label, x, y, next((v for k, v in colors.items() if verdict.startswith(k)), "C0")))
     if not pts:
-        raise ValueError(f"figure {figure.name!r}: no row of table {figure.table!r} has both {figure.x!r} and "
-                         f"{figure.y!r}")
+        raise ValueError(
+            f"figure {figure.name!r}: no row of table {figure.table!r} has both {figure.x!r} and {figure.y!r}"
+        )
     fig, ax = plt.subplots(figsize=(7.2, 5.0))
     for label, x, y, color in pts:
         xerr = np.nan_to_num([[x.ours_mean - x.ours_lo], [x.ours_hi - x.ours_mean]], nan=0.0).clip(min=0.0)
         yerr = np.nan_to_num([[y.ours_mean - y.ours_lo], [y.ours_hi - y.ours_mean]], nan=0.0).clip(min=0.0)
-        ax.errorbar([x.ours_mean], [y.ours_mean], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=2, ms=5,
-                    elinewidth=0.8, alpha=0.8)
+        ax.errorbar(
+            [x.ours_mean],
+            [y.ours_mean],
+            xerr=xerr,
+            yerr=yerr,
+            fmt="o",
+            color=color,
+            capsize=2,
+            ms=5,
+            elinewidth=0.8,
+            alpha=0.8,
+        )
         ax.annotate(label, (x.ours_mean, y.ours_mean), xytext=(4, 3), textcoords="offset points", fontsize=7)
     if versus:
         from matplotlib.lines import Line2D
 
-        ax.legend(handles=[Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colors.items()],
-                  title=f"{versus[0]}", fontsize=7, title_fontsize=7, loc="best")
+        ax.legend(
+            handles=[Line2D([], [], marker="o", ls="", color=c, label=k) for k, c in colors.items()],
+            title=f"{versus[0]}",
+            fontsize=7,
+            title_fontsize=7,
+            loc="best",
+        )
     unit_x = str(pts[0][1].unit)
     if unit_x.startswith("x vs") or unit_x.startswith("% vs"):  # the reference's cost
         ax.axvline(1.0 if unit_x.startswith("x vs") else 0.0, color="black", lw=0.8, ls=":")
@@ -247,8 +303,9 @@ def plot_scatter(df, paper, figure, out_png: Path) -> Path:
     return save_figure(fig, out_png)
 
 
-def plot_token_credit(ranking, out_png: Path, title: str, weight: str = "credit",
-                      reference: float | None = None) -> Path:
+def plot_token_credit(
+    ranking, out_png: Path, title: str, weight: str = "credit", reference: float | None = None
+) -> Path:
     """Two horizontal bar panels: the token strings with the highest and the lowest mean weight.
 
     ``ranking`` is tables.token_credit.rank_tokens' frame (side, rank, shown, count, mean). Tokens are
@@ -271,8 +328,15 @@ def plot_token_credit(ranking, out_png: Path, title: str, weight: str = "credit"
         if reference is not None and math.isfinite(reference):
             ax.axvline(reference, ls="--", lw=1, color="grey")
         if part.empty:
-            ax.text(0.5, 0.5, "no token with enough occurrences", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                "no token with enough occurrences",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+            )
             ax.set_yticks([])
             continue
         ys = np.arange(len(part))
@@ -291,8 +355,11 @@ def plot_token_histograms(values: Mapping[str, Mapping[str, np.ndarray]], out_pn
 
     ``values``: source ("base"/"rl") -> statistic -> per-token values (decoding.diagnostics).
     """
-    panels = [("dlogp", "Δlog p = log π_RL(y) − log π_base(y)", True),
-              ("entropy_base", "entropy of π_base", True), ("kl_rl_base", "KL(π_RL ‖ π_base)", True)]
+    panels = [
+        ("dlogp", "Δlog p = log π_RL(y) − log π_base(y)", True),
+        ("entropy_base", "entropy of π_base", True),
+        ("kl_rl_base", "KL(π_RL ‖ π_base)", True),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
     for ax, (key, label, logy) in zip(axes, panels):
         lo = min(np.quantile(v[key], 0.001) for v in values.values())

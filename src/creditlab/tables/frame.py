@@ -13,10 +13,34 @@ from typing import Any
 import pandas as pd
 
 LONG_COLUMNS = (
-    "row", "paper_backbone", "backbone", "run", "column", "suites", "metric", "unit",
-    "ours_mean", "ours_lo", "ours_hi", "n_questions", "n_steps", "seeds", "paper", "scale",
-    "left_out", "detail", "censored", "ref_censored", "mlflow_run_ids", "run_keys", "commits", "configs",
-    "sources", "verdict", "p_value", "p_adj",
+    "row",
+    "paper_backbone",
+    "backbone",
+    "run",
+    "column",
+    "suites",
+    "metric",
+    "unit",
+    "ours_mean",
+    "ours_lo",
+    "ours_hi",
+    "n_questions",
+    "n_steps",
+    "seeds",
+    "paper",
+    "scale",
+    "left_out",
+    "detail",
+    "censored",
+    "ref_censored",
+    "mlflow_run_ids",
+    "run_keys",
+    "commits",
+    "configs",
+    "sources",
+    "verdict",
+    "p_value",
+    "p_adj",
 )
 """Columns of the long table frame (one line per row x shown column), in CSV order.
 

@@ -28,8 +28,10 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.4em; }
 def markdown_html(text: str, title: str) -> str:
     """A complete HTML page of Markdown `text` (GitHub-style pipe tables) with an inline style sheet."""
     body = markdown.markdown(text, extensions=EXTENSIONS, output_format="html")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 def write_markdown_html(md_path: str | Path, html_path: str | Path, title: str | None = None) -> Path:

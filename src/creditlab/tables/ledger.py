@@ -95,8 +95,11 @@ class Comparison:
     p_holm: float = float("nan")
 
     def text(self) -> str:
-        return (f"{self.winner[0]} vs {self.loser[0]}: advantage {self.diff:+.4g}, one-sided 95% bounds [{self.lo:+.4g}, {self.hi:+.4g}], "
-                f"p = {self.p:.4f}" + ("" if math.isnan(self.p_holm) else f" (Holm {self.p_holm:.4f})"))
+        return (
+            f"{self.winner[0]} vs {self.loser[0]}: advantage {self.diff:+.4g}, one-sided 95% bounds "
+            f"[{self.lo:+.4g}, {self.hi:+.4g}], "
+            f"p = {self.p:.4f}" + ("" if math.isnan(self.p_holm) else f" (Holm {self.p_holm:.4f})")
+        )
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,18 @@ def _row_of(table: TableSpec, ref: tuple[str, str]):
     return next(r for r in table.rows if (r.label, r.backbone) == ref)
 
 
-def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str, seeds: Sequence[int],
-                   evals_dir: Path, k: int, sign: float, n_boot: int = N_BOOT, seed: int = BOOT_SEED
-                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _series_values(
+    paper: PaperSpec,
+    table: TableSpec,
+    claim: Claim,
+    scale: str,
+    seeds: Sequence[int],
+    evals_dir: Path,
+    k: int,
+    sign: float,
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per series of a matched_order claim: (x, y) of its rows, each [1 + n_boot, T]: the point estimate (row 0), then
     the bootstrap draws, every row of every series resampled with the same seeds and, per suite, the same questions.
     x and y are the cells of the claim's `x` and `column` in percent (y times `sign`)."""
@@ -126,17 +138,22 @@ def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str,
     arrays: dict[tuple[str, str], dict[str, list[np.ndarray]]] = {}
     for ref in claim.refs():
         row = _row_of(table, ref)
-        results = [load_eval(Path(evals_dir), paper.backbone_for(row.backbone, scale), row.run, s, row.decode)
-                   for s in seeds]
-        arrays[ref] = {name: [100.0 * seed_matrix(results, s, m) for s, m in zip(suites[name], metrics[name])]
-                       for name in ("y", "x")}
+        results = [
+            load_eval(Path(evals_dir), paper.backbone_for(row.backbone, scale), row.run, s, row.decode) for s in seeds
+        ]
+        arrays[ref] = {
+            name: [100.0 * seed_matrix(results, s, m) for s, m in zip(suites[name], metrics[name])]
+            for name in ("y", "x")
+        }
     sizes = {}
     for per in arrays.values():
         for name in ("y", "x"):
             for s, v in zip(suites[name], per[name]):
                 if sizes.setdefault(s, v.shape) != v.shape:
-                    raise ValueError(f"claim {claim.id!r}: suite {s!r} has different questions or seeds across its "
-                                     f"rows ({sizes[s]} vs {v.shape}): the series cannot be paired")
+                    raise ValueError(
+                        f"claim {claim.id!r}: suite {s!r} has different questions or seeds across its "
+                        f"rows ({sizes[s]} vs {v.shape}): the series cannot be paired"
+                    )
     rng = np.random.default_rng(seed)
     idx = {s: rng.integers(0, shape[0], size=(n_boot, shape[0])) for s, shape in sizes.items()}
     n_seeds = len(seeds)
@@ -155,8 +172,9 @@ def _series_values(paper: PaperSpec, table: TableSpec, claim: Claim, scale: str,
     return out
 
 
-def _evaluate_matched(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path,
-                      k: int) -> ClaimResult:
+def _evaluate_matched(
+    paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path, k: int
+) -> ClaimResult:
     """A matched_order claim (see the module doc): the series compared at matched x, Holm over the links."""
     table = paper.table(claim.table)
     test = MATCHED_TEST.format(x=claim.x, y=claim.column, g=MATCHED_POINTS)
@@ -167,14 +185,22 @@ def _evaluate_matched(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequenc
     ranges = "; ".join(f"{name} {x[0].min():.4g}–{x[0].max():.4g}" for name, (x, _) in values.items())
     common = matched_range([x[0] for x, _ in values.values()])
     if common is None:
-        return ClaimResult(claim, test, NOT_DECIDABLE,
-                           note=f"the series' measured {claim.x} ranges do not overlap ({ranges}): no matched "
-                                f"{claim.x} to compare them at; thresholds giving overlapping rates would decide it")
+        return ClaimResult(
+            claim,
+            test,
+            NOT_DECIDABLE,
+            note=f"the series' measured {claim.x} ranges do not overlap ({ranges}): no matched "
+            f"{claim.x} to compare them at; thresholds giving overlapping rates would decide it",
+        )
     grid = matched_grid(*common)
-    comps = [Comparison((a, ""), (b, ""), *matched_gap_bootstrap(values[a], values[b], grid))
-             for a, b in claim.series_links()]
-    note = (f"matched {claim.x}: {len(grid)} values over {common[0]:.4g}–{common[1]:.4g} (the common range of the "
-            f"measured {claim.x}: {ranges}); advantage = mean accuracy difference over them, in points")
+    comps = [
+        Comparison((a, ""), (b, ""), *matched_gap_bootstrap(values[a], values[b], grid))
+        for a, b in claim.series_links()
+    ]
+    note = (
+        f"matched {claim.x}: {len(grid)} values over {common[0]:.4g}–{common[1]:.4g} (the common range of the "
+        f"measured {claim.x}: {ranges}); advantage = mean accuracy difference over them, in points"
+    )
     if claim.direction == "lower":
         test += "; lower is better: the difference is the winner's advantage, loser − winner"
     if len(comps) == 1:
@@ -185,19 +211,20 @@ def _evaluate_matched(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequenc
     return ClaimResult(claim, test + f"; Holm correction over the {len(comps)} links", verdict, tuple(comps), note)
 
 
-def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path, k: int,
-               runs_dir: Path) -> ClaimResult:
+def evaluate_claim(
+    paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[int], evals_dir: Path, k: int, runs_dir: Path
+) -> ClaimResult:
     """Test one claim at `scale` over `seeds` (see the module doc for the tests and verdicts)."""
     table = paper.table(claim.table)
     column = table.column(claim.column)
     if paper.built is not None and claim.table not in paper.built:
-        return ClaimResult(claim, "—", NOT_TESTABLE,
-                           note=f"table {claim.table!r} is not built by this pipeline (config `tables`)")
+        return ClaimResult(
+            claim, "—", NOT_TESTABLE, note=f"table {claim.table!r} is not built by this pipeline (config `tables`)"
+        )
     shown = [c.name for c in paper.columns_at(claim.table, scale)] if claim.table in paper.tables_at(scale) else []
     sign = 1.0 if claim.direction == "higher" else -1.0
     if claim.column not in shown:
-        return ClaimResult(claim, "—", NOT_TESTABLE,
-                           note=f"column {claim.column!r} has no stand-in at scale {scale!r}")
+        return ClaimResult(claim, "—", NOT_TESTABLE, note=f"column {claim.column!r} has no stand-in at scale {scale!r}")
     if claim.kind == "matched_order":
         return _evaluate_matched(paper, claim, scale, seeds, evals_dir, k)
     pairs = claim.comparisons()
@@ -206,8 +233,12 @@ def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[i
         refs = {r for pair in pairs for r in pair}
         if any(_row_of(table, r).run == BASE_RUN for r in refs):
             return ClaimResult(claim, test, NOT_TESTABLE, note="a base-model row has no training metrics")
-        values = {r: load_step_times(runs_dir, paper.backbone_for(r[1], scale), _row_of(table, r).run, seeds,
-                                     column.series_key).values for r in refs}
+        values = {
+            r: load_step_times(
+                runs_dir, paper.backbone_for(r[1], scale), _row_of(table, r).run, seeds, column.series_key
+            ).values
+            for r in refs
+        }
         stats = [unpaired_bootstrap_diff(sign * values[w], sign * values[l]) for w, l in pairs]
     else:
         test = PAIRED_TEST
@@ -229,8 +260,7 @@ def evaluate_claim(paper: PaperSpec, claim: Claim, scale: str, seeds: Sequence[i
     adj = holm([c.p for c in comps])
     comps = [Comparison(c.winner, c.loser, c.diff, c.lo, c.hi, c.p, c.p_reverse, a) for c, a in zip(comps, adj)]
     verdict = combined_verdict([c.p for c in comps], [c.p_reverse for c in comps])
-    return ClaimResult(claim, test + f"; Holm correction over the {len(comps)} comparisons", verdict,
-                       tuple(comps))
+    return ClaimResult(claim, test + f"; Holm correction over the {len(comps)} comparisons", verdict, tuple(comps))
 
 
 def claim_statement(claim: Claim) -> str:
@@ -244,12 +274,10 @@ def claim_statement(claim: Claim) -> str:
     elif claim.kind == "order":
         s = f" {op} ".join(map(name, claim.rows))
     elif claim.kind == "matched_order":
-        s = (f" {op} ".join(f"{n} ({', '.join(map(name, rows))})" for n, rows in claim.series)
-             + f" at matched {claim.x}")
+        s = f" {op} ".join(f"{n} ({', '.join(map(name, rows))})" for n, rows in claim.series) + f" at matched {claim.x}"
     else:
         inv = "<" if op == ">" else ">"
-        s = (f"{', '.join(map(name, claim.over))} {inv} {name(claim.row)} {inv} "
-             f"{', '.join(map(name, claim.under))}")
+        s = f"{', '.join(map(name, claim.over))} {inv} {name(claim.row)} {inv} {', '.join(map(name, claim.under))}"
     backbones = sorted({r[1] for r in claim.refs()})
     return f"{s} on {claim.column} ({claim.table}; {', '.join(backbones)})"
 
@@ -274,8 +302,9 @@ def mlflow_links(run_ids: Sequence[str], uri: str) -> dict[str, str]:
             try:
                 with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
                     marks = ",".join("?" * len(ids))
-                    for rid, exp in con.execute(f"SELECT run_uuid, experiment_id FROM runs WHERE run_uuid IN ({marks})",
-                                                ids):
+                    for rid, exp in con.execute(
+                        f"SELECT run_uuid, experiment_id FROM runs WHERE run_uuid IN ({marks})", ids
+                    ):
                         found[rid] = str(exp)
             except sqlite3.Error:
                 pass
@@ -286,18 +315,40 @@ def mlflow_links(run_ids: Sequence[str], uri: str) -> dict[str, str]:
 # the ledger
 
 
-CELL_COLUMNS = ("section", "table", "row", "paper_backbone", "backbone", "run", "column", "unit", "paper",
-                "ours_mean", "ours_lo", "ours_hi", "seeds", "scale", "hardware", "commits", "configs",
-                "mlflow_links")
+CELL_COLUMNS = (
+    "section",
+    "table",
+    "row",
+    "paper_backbone",
+    "backbone",
+    "run",
+    "column",
+    "unit",
+    "paper",
+    "ours_mean",
+    "ours_lo",
+    "ours_hi",
+    "seeds",
+    "scale",
+    "hardware",
+    "commits",
+    "configs",
+    "mlflow_links",
+)
 CLAIM_COLUMNS = ("claim_id", "claim_text", "claim", "test", "verdict", "comparisons", "note")
 LEDGER_COLUMNS = CELL_COLUMNS + CLAIM_COLUMNS
 
 
-
-
-def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dict[str, pd.DataFrame],
-                 evals_dir: Path, k: int, runs_dir: Path, tracking_uri: str
-                 ) -> tuple[pd.DataFrame, list[ClaimResult]]:
+def build_ledger(
+    paper: PaperSpec,
+    scale: str,
+    seeds: Sequence[int],
+    tables: dict[str, pd.DataFrame],
+    evals_dir: Path,
+    k: int,
+    runs_dir: Path,
+    tracking_uri: str,
+) -> tuple[pd.DataFrame, list[ClaimResult]]:
     """The ledger frame (one `cell` line per table row x column, then one `claim` line per claim) and the
     claim results. `tables`: table name -> its built long frame (the table CSV)."""
     hw = hardware()
@@ -307,24 +358,49 @@ def build_ledger(paper: PaperSpec, scale: str, seeds: Sequence[int], tables: dic
     for name, df in tables.items():
         for rec in df.to_dict("records"):
             get = lambda key, default="": rec.get(key, default)  # noqa: E731 (older CSVs lack some fields)
-            lines.append({
-                "section": "cell", "table": name, "row": get("row"), "paper_backbone": get("paper_backbone"),
-                "backbone": get("backbone"), "run": get("run"), "column": get("column"),
-                "unit": get("unit", "%") if split_field(get("unit", "%")) else "%",
-                "paper": get("paper", float("nan")), "ours_mean": get("ours_mean", float("nan")),
-                "ours_lo": get("ours_lo", float("nan")), "ours_hi": get("ours_hi", float("nan")),
-                "seeds": get("seeds"), "scale": scale, "hardware": hw,
-                "commits": SEP.join(dict.fromkeys(split_field(get("commits")))),
-                "configs": SEP.join(dict.fromkeys(split_field(get("configs")))),
-                "mlflow_links": SEP.join(links.get(i, i) for i in dict.fromkeys(split_field(get("mlflow_run_ids")))),
-            })
+            lines.append(
+                {
+                    "section": "cell",
+                    "table": name,
+                    "row": get("row"),
+                    "paper_backbone": get("paper_backbone"),
+                    "backbone": get("backbone"),
+                    "run": get("run"),
+                    "column": get("column"),
+                    "unit": get("unit", "%") if split_field(get("unit", "%")) else "%",
+                    "paper": get("paper", float("nan")),
+                    "ours_mean": get("ours_mean", float("nan")),
+                    "ours_lo": get("ours_lo", float("nan")),
+                    "ours_hi": get("ours_hi", float("nan")),
+                    "seeds": get("seeds"),
+                    "scale": scale,
+                    "hardware": hw,
+                    "commits": SEP.join(dict.fromkeys(split_field(get("commits")))),
+                    "configs": SEP.join(dict.fromkeys(split_field(get("configs")))),
+                    "mlflow_links": SEP.join(
+                        links.get(i, i) for i in dict.fromkeys(split_field(get("mlflow_run_ids")))
+                    ),
+                }
+            )
     results = [evaluate_claim(paper, c, scale, seeds, evals_dir, k, runs_dir) for c in paper.claims]
     for r in results:
-        lines.append({"section": "claim", "table": r.claim.table, "column": r.claim.column, "scale": scale,
-                      "seeds": SEP.join(map(str, seeds)), "hardware": hw, "claim_id": r.claim.id,
-                      "claim_text": r.claim.text, "claim": claim_statement(r.claim), "test": r.test,
-                      "verdict": r.verdict, "comparisons": "; ".join(c.text() for c in r.comparisons),
-                      "note": r.note})
+        lines.append(
+            {
+                "section": "claim",
+                "table": r.claim.table,
+                "column": r.claim.column,
+                "scale": scale,
+                "seeds": SEP.join(map(str, seeds)),
+                "hardware": hw,
+                "claim_id": r.claim.id,
+                "claim_text": r.claim.text,
+                "claim": claim_statement(r.claim),
+                "test": r.test,
+                "verdict": r.verdict,
+                "comparisons": "; ".join(c.text() for c in r.comparisons),
+                "note": r.note,
+            }
+        )
     return pd.DataFrame(lines, columns=list(LEDGER_COLUMNS)), results
 
 
@@ -352,57 +428,98 @@ def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: lis
     hw = str(df["hardware"].iloc[0]) if len(df) else hardware()
     lines = [f"# Reproduction ledger: {paper.title}", ""]
     if scale != "paper":
-        lines += [f"**Scale `{scale}`: the claims are tested on tiny models on synthetic stand-in suites, "
-                  f"NOT in the paper's setting (its models, benchmarks, budget).** A verdict here says whether "
-                  f"the paper's ordering shows up at this scale, not whether the paper is right.", ""]
-    lines += [f"Hardware: {hw}.", "",
-              "MLflow: `<tracking uri>/#/experiments/<experiment id>/runs/<run id>` (a local SQLite store: "
-              "open `python -m creditlab mlflow-ui` and append the `#/experiments/...` part to its address); "
-              "a bare run id when the store does not know it.", "",
-              "## Claims", "",
-              f"Each claim is decided by a stated test, never by eye ({N_BOOT} bootstrap resamples, seed "
-              f"{BOOT_SEED}): `holds` = the one-sided 95% lower bound of the difference (its 5% bootstrap "
-              f"quantile) is above 0; `contradicted` = the one-sided 95% upper bound is below 0; otherwise "
-              f"`not resolved (noise)`. Claims of several comparisons: every comparison's one-sided bootstrap "
-              f"p-value (1 + #diff* <= 0) / (1 + B) Holm-corrected at family-wise alpha 0.05 (holds only if all "
-              f"pass; contradicted if any is significantly reversed, Holm on the reverse p-values). `not "
-              f"testable at this scale`: the column has no stand-in here. Claims at matched x (replacement rate): "
-              f"each series interpolated linearly in its measured x at {MATCHED_POINTS} common x values inside every "
-              f"series' measured range, the links tested on the mean accuracy difference there; `not decidable`: "
-              f"the series' measured ranges do not overlap. Differences are in the column's "
-              f"unit (accuracy: percentage points).", ""]
+        lines += [
+            f"**Scale `{scale}`: the claims are tested on tiny models on synthetic stand-in suites, "
+            f"NOT in the paper's setting (its models, benchmarks, budget).** A verdict here says whether "
+            f"the paper's ordering shows up at this scale, not whether the paper is right.",
+            "",
+        ]
+    lines += [
+        f"Hardware: {hw}.",
+        "",
+        "MLflow: `<tracking uri>/#/experiments/<experiment id>/runs/<run id>` (a local SQLite store: "
+        "open `python -m creditlab mlflow-ui` and append the `#/experiments/...` part to its address); "
+        "a bare run id when the store does not know it.",
+        "",
+        "## Claims",
+        "",
+        f"Each claim is decided by a stated test, never by eye ({N_BOOT} bootstrap resamples, seed "
+        f"{BOOT_SEED}): `holds` = the one-sided 95% lower bound of the difference (its 5% bootstrap "
+        f"quantile) is above 0; `contradicted` = the one-sided 95% upper bound is below 0; otherwise "
+        f"`not resolved (noise)`. Claims of several comparisons: every comparison's one-sided bootstrap "
+        f"p-value (1 + #diff* <= 0) / (1 + B) Holm-corrected at family-wise alpha 0.05 (holds only if all "
+        f"pass; contradicted if any is significantly reversed, Holm on the reverse p-values). `not "
+        f"testable at this scale`: the column has no stand-in here. Claims at matched x (replacement rate): "
+        f"each series interpolated linearly in its measured x at {MATCHED_POINTS} common x values inside every "
+        f"series' measured range, the links tested on the mean accuracy difference there; `not decidable`: "
+        f"the series' measured ranges do not overlap. Differences are in the column's "
+        f"unit (accuracy: percentage points).",
+        "",
+    ]
     if not results:
         lines += ["No claims declared in the paper config.", ""]
     for r in results:
-        lines += [f"### `{r.claim.id}`: **{r.verdict}**", "",
-                  f"- Paper's claim: {r.claim.text}",
-                  f"- Tested as: {claim_statement(r.claim)}",
-                  f"- Test: {r.test}"]
+        lines += [
+            f"### `{r.claim.id}`: **{r.verdict}**",
+            "",
+            f"- Paper's claim: {r.claim.text}",
+            f"- Tested as: {claim_statement(r.claim)}",
+            f"- Test: {r.test}",
+        ]
         lines += [f"- {c.text()}" for c in r.comparisons]
         if r.note:
             lines.append(f"- Note: {r.note}")
         lines.append("")
-    lines += ["## Table cells", "",
-              "Ours: mean [95% CI] as in the table (see its page); paper: the paper's number at paper scale "
-              "(— = not reported)" + (", not comparable in absolute value at this scale." if scale != "paper"
-                                        else "."), ""]
-    header = ["Table", "Row", "Backbone (paper → ours)", "Run", "Column", "Paper", "Ours [CI]", "Seeds",
-              "Commit", "Config", "MLflow"]
+    lines += [
+        "## Table cells",
+        "",
+        "Ours: mean [95% CI] as in the table (see its page); paper: the paper's number at paper scale "
+        "(— = not reported)" + (", not comparable in absolute value at this scale." if scale != "paper" else "."),
+        "",
+    ]
+    header = [
+        "Table",
+        "Row",
+        "Backbone (paper → ours)",
+        "Run",
+        "Column",
+        "Paper",
+        "Ours [CI]",
+        "Seeds",
+        "Commit",
+        "Config",
+        "MLflow",
+    ]
     lines += [_md(header), _md(["---"] * len(header))]
     for c in cells.itertuples(index=False):
-        ours = "" if (isinstance(c.ours_mean, float) and math.isnan(c.ours_mean)) else (
-            f"{_num(c.ours_mean)} [{_num(c.ours_lo)}, {_num(c.ours_hi)}] {c.unit}")
-        lines.append(_md([c.table, c.row, f"{c.paper_backbone} → {c.backbone}", c.run,
-                          _column_shown(paper, c.table, c.column, scale), _num(c.paper),
-                          ours, str(c.seeds).replace(SEP, ", "),
-                          ", ".join(f"`{x[:12]}`" for x in split_field(c.commits)),
-                          ", ".join(f"`{x}`" for x in split_field(c.configs)),
-                          ", ".join(split_field(c.mlflow_links))]))
+        ours = (
+            ""
+            if (isinstance(c.ours_mean, float) and math.isnan(c.ours_mean))
+            else (f"{_num(c.ours_mean)} [{_num(c.ours_lo)}, {_num(c.ours_hi)}] {c.unit}")
+        )
+        lines.append(
+            _md(
+                [
+                    c.table,
+                    c.row,
+                    f"{c.paper_backbone} → {c.backbone}",
+                    c.run,
+                    _column_shown(paper, c.table, c.column, scale),
+                    _num(c.paper),
+                    ours,
+                    str(c.seeds).replace(SEP, ", "),
+                    ", ".join(f"`{x[:12]}`" for x in split_field(c.commits)),
+                    ", ".join(f"`{x}`" for x in split_field(c.configs)),
+                    ", ".join(split_field(c.mlflow_links)),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
-def write_ledger(paper: PaperSpec, scale: str, df: pd.DataFrame, results: list[ClaimResult], out_csv: Path,
-                 out_md: Path) -> None:
+def write_ledger(
+    paper: PaperSpec, scale: str, df: pd.DataFrame, results: list[ClaimResult], out_csv: Path, out_md: Path
+) -> None:
     out_csv, out_md = Path(out_csv), Path(out_md)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_csv, index=False)

@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 def metrics_path(evals_dir: Path, backbone: str, run: str, seed: int, decode: str | None = None) -> Path:
     """Where the evaluation of `run` on `backbone` with `seed` (and a test-time `decode`) writes metrics.json."""
     pattern = paths.EVAL_METRICS if decode is None else paths.DECODE_EVAL_METRICS
-    return paths.fmt(pattern.replace("{results}/{scale}/evals", str(evals_dir)), backbone=backbone, run=run,
-                     seed=seed, decode=decode)
+    return paths.fmt(
+        pattern.replace("{results}/{scale}/evals", str(evals_dir)), backbone=backbone, run=run, seed=seed, decode=decode
+    )
 
 
 def load_eval(evals_dir: Path, backbone: str, run: str, seed: int, decode: str | None = None) -> dict[str, Any]:
@@ -53,8 +54,9 @@ def load_eval(evals_dir: Path, backbone: str, run: str, seed: int, decode: str |
 
 def run_metrics_path(runs_dir: Path, backbone: str, run: str, seed: int) -> Path:
     """Where the training of `run` on `backbone` with `seed` writes metrics.jsonl (paths.RUN_METRICS)."""
-    return paths.fmt(paths.RUN_METRICS.replace("{results}/{scale}/runs", str(runs_dir)), backbone=backbone,
-                     run=run, seed=seed)
+    return paths.fmt(
+        paths.RUN_METRICS.replace("{results}/{scale}/runs", str(runs_dir)), backbone=backbone, run=run, seed=seed
+    )
 
 
 def _warn(message: str) -> None:
@@ -139,13 +141,18 @@ def _run_provenance(path: Path) -> dict[str, Any]:
             prov = json.loads(done.read_text())
         except json.JSONDecodeError:
             warnings.warn(f"{done}: not valid JSON; training-metrics provenance left empty", stacklevel=3)
-    return {"provenance": {"mlflow_run_id": prov.get("mlflow_run_id"), "run_key": prov.get("run_key"),
-                           "commit": prov.get("commit"), "config": str(config) if config.is_file() else None},
-            "_path": str(path)}
+    return {
+        "provenance": {
+            "mlflow_run_id": prov.get("mlflow_run_id"),
+            "run_key": prov.get("run_key"),
+            "commit": prov.get("commit"),
+            "config": str(config) if config.is_file() else None,
+        },
+        "_path": str(path),
+    }
 
 
-def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], key: str = "t_step"
-                    ) -> StepTimes:
+def load_step_times(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], key: str = "t_step") -> StepTimes:
     """Pool the `key` values (default `t_step`) of `seeds`; provenance from each run dir's DONE (MLflow run id, run
     key, commit) and config.yaml, and the metrics.jsonl paths as sources."""
     values, provs = [], []
@@ -191,8 +198,9 @@ class StepsTo:
         return int(self.censored.sum())
 
 
-def load_steps_to(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], threshold: float,
-                  smoothing: float) -> StepsTo:
+def load_steps_to(
+    runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], threshold: float, smoothing: float
+) -> StepsTo:
     """Per seed, the steps until the EMA of the run's `reward_mean` reaches `threshold` (steps_to_threshold);
     provenance as load_step_times."""
     values, censored, trained, provs = [], [], [], []
@@ -204,8 +212,13 @@ def load_steps_to(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int],
         censored.append(cens)
         trained.append(n)
         provs.append(_run_provenance(path))
-    return StepsTo(tuple(int(s) for s in seeds), np.asarray(values, dtype=float), np.asarray(censored, dtype=bool),
-                   np.asarray(trained, dtype=int), provenance(provs))
+    return StepsTo(
+        tuple(int(s) for s in seeds),
+        np.asarray(values, dtype=float),
+        np.asarray(censored, dtype=bool),
+        np.asarray(trained, dtype=int),
+        provenance(provs),
+    )
 
 
 def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:
@@ -221,8 +234,7 @@ def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:
     j, n = int(j_text), int(pq["n"])
     correct = np.asarray(pq["c"], dtype=int)
     if j > n:
-        raise ValueError(f"{metric} needs at least {j} samples per question, "
-                         f"the evaluation has n={n}")
+        raise ValueError(f"{metric} needs at least {j} samples per question, the evaluation has n={n}")
     if kind == "avg":
         return correct / n
     if kind == "pass":
@@ -266,12 +278,14 @@ def seed_matrix(results: Sequence[dict[str, Any]], suite: str, metric: str) -> n
         if ids is None:
             ids = these
         elif these != ids:
-            raise ValueError(f"{result['_path']}: questions of suite {suite!r} differ from the "
-                             f"other seeds' ({results[0]['_path']})")
+            raise ValueError(
+                f"{result['_path']}: questions of suite {suite!r} differ from the other seeds' ({results[0]['_path']})"
+            )
         values = question_values(block, metric)
         if len(values) != len(these):
-            raise ValueError(f"{result['_path']}: suite {suite!r} has {len(these)} ids but "
-                             f"{len(values)} {metric} values")
+            raise ValueError(
+                f"{result['_path']}: suite {suite!r} has {len(these)} ids but {len(values)} {metric} values"
+            )
         _check_summary(block, metric, values, result["_path"])
         per_seed.append(values)
     return np.stack(per_seed, axis=1)
@@ -284,6 +298,10 @@ def provenance(results: Sequence[dict[str, Any]]) -> dict[str, str]:
     def joined(key: str) -> str:
         return SEP.join("" if p.get(key) is None else str(p[key]) for p in provs)
 
-    return {"mlflow_run_ids": joined("mlflow_run_id"), "run_keys": joined("run_key"),
-            "commits": joined("commit"), "configs": joined("config"),
-            "sources": SEP.join(str(r.get("_path", "")) for r in results)}
+    return {
+        "mlflow_run_ids": joined("mlflow_run_id"),
+        "run_keys": joined("run_key"),
+        "commits": joined("commit"),
+        "configs": joined("config"),
+        "sources": SEP.join(str(r.get("_path", "")) for r in results),
+    }

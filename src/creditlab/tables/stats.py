@@ -36,26 +36,35 @@ class Sample(Protocol):
     @property
     def mean(self) -> float: ...
 
+
 MATCHED_POINTS = 11
 """Matched x values of a matched_order claim: evenly spaced over the series' common measured range, ends included."""
 
-PAIRED_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of both rows "
-               "together, and per suite the question indices, jointly for both rows; suites independently), "
-               "one-sided alpha 0.05")
-UNPAIRED_TEST = ("unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
-                 "independently), one-sided alpha 0.05")
-MATCHED_TEST = ("accuracy at matched {x}: per series, {y} interpolated linearly in the measured {x} (its rows' cells) "
-                "at {g} evenly spaced {x} values over the common range of the series' measured {x} (inside every "
-                "series' range); statistic per link: the mean over those values of the accuracy difference; paired "
-                "bootstrap over training seeds and questions (a draw resamples the seeds and, per suite, the questions "
-                "jointly for every row, recomputes every row's {x} and {y} and re-interpolates at the same matched "
-                "values), one-sided alpha 0.05")
+PAIRED_TEST = (
+    "paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of both rows "
+    "together, and per suite the question indices, jointly for both rows; suites independently), "
+    "one-sided alpha 0.05"
+)
+UNPAIRED_TEST = (
+    "unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
+    "independently), one-sided alpha 0.05"
+)
+MATCHED_TEST = (
+    "accuracy at matched {x}: per series, {y} interpolated linearly in the measured {x} (its rows' cells) "
+    "at {g} evenly spaced {x} values over the common range of the series' measured {x} (inside every "
+    "series' range); statistic per link: the mean over those values of the accuracy difference; paired "
+    "bootstrap over training seeds and questions (a draw resamples the seeds and, per suite, the questions "
+    "jointly for every row, recomputes every row's {x} and {y} and re-interpolates at the same matched "
+    "values), one-sided alpha 0.05"
+)
 
-VERSUS_TEST = ("paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of the row "
-               "and of the reference together, and per suite the question indices, jointly for both rows; suites "
-               "independently), two-sided "
-               "p = min(1, 2 min(p+, p-)) from the one-sided bootstrap p-values (1 + #) / (1 + B), Holm-corrected "
-               "over every versus cell of the table (family-wise alpha 0.05)")
+VERSUS_TEST = (
+    "paired bootstrap over training seeds and questions (a draw resamples the seeds, seed s of the row "
+    "and of the reference together, and per suite the question indices, jointly for both rows; suites "
+    "independently), two-sided "
+    "p = min(1, 2 min(p+, p-)) from the one-sided bootstrap p-values (1 + #) / (1 + B), Holm-corrected "
+    "over every versus cell of the table (family-wise alpha 0.05)"
+)
 
 # ----------------------------------------------------------------------------------------------
 # cells
@@ -70,8 +79,9 @@ def ema(values: Sequence[float], smoothing: float) -> list[float]:
     return out
 
 
-def steps_to_threshold(steps: Sequence[int], values: Sequence[float], threshold: float,
-                       smoothing: float) -> tuple[int, bool, int]:
+def steps_to_threshold(
+    steps: Sequence[int], values: Sequence[float], threshold: float, smoothing: float
+) -> tuple[int, bool, int]:
     """(steps, censored, trained): the RL steps run until the EMA of `values` (ema, `smoothing`)
     first reaches `threshold` (1 + the 0-based step where it does), or the steps trained N = 1 + the
     last step, censored, if it never does."""
@@ -106,8 +116,7 @@ def _ratio_stats(row: np.ndarray, ref: np.ndarray, relative: str) -> tuple[float
     return value, float(lo), float(hi)
 
 
-def step_time_stats(row: Sample, ref: Sample | None = None, relative: str = "percent"
-                    ) -> tuple[float, float, float]:
+def step_time_stats(row: Sample, ref: Sample | None = None, relative: str = "percent") -> tuple[float, float, float]:
     """(mean, lo, hi): seconds per step with a bootstrap CI over steps; with `ref`, the % difference
     100 (mean / mean_ref - 1) (`relative="ratio"`: mean / mean_ref) with the CI of that ratio over
     independent bootstraps of both runs."""
@@ -116,8 +125,7 @@ def step_time_stats(row: Sample, ref: Sample | None = None, relative: str = "per
     return _ratio_stats(row.values, ref.values, relative)
 
 
-def steps_to_stats(row: Sample, ref: Sample | None = None, relative: str = "percent"
-                   ) -> tuple[float, float, float]:
+def steps_to_stats(row: Sample, ref: Sample | None = None, relative: str = "percent") -> tuple[float, float, float]:
     """(mean, lo, hi): the mean over seeds of the steps to the threshold (censored seeds counted at N) with
     a percentile bootstrap CI over seeds (NaN with one seed); with `ref`, the ratio of the means as
     `relative` (percent / ratio), CI from independent bootstraps over both runs' seeds."""
@@ -133,19 +141,21 @@ def cell_stats(per_suite: list[np.ndarray], weighting: str) -> tuple[float, floa
     if len(per_suite) == 1:
         mean, lo, hi = bootstrap_ci(per_suite[0], n_boot=N_BOOT, alpha=ALPHA, seed=BOOT_SEED)
     else:
-        mean, lo, hi = bootstrap_average(per_suite, weighting=weighting, n_boot=N_BOOT,
-                                         alpha=ALPHA, seed=BOOT_SEED)
+        mean, lo, hi = bootstrap_average(per_suite, weighting=weighting, n_boot=N_BOOT, alpha=ALPHA, seed=BOOT_SEED)
     return 100.0 * mean, 100.0 * lo, 100.0 * hi
+
 
 # ----------------------------------------------------------------------------------------------
 # comparisons
 
 
-def suite_means(per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str,
-                 seed_idx: np.ndarray | None = None) -> np.ndarray:
+def suite_means(
+    per_suite: Sequence[np.ndarray], idx: Sequence[np.ndarray], weighting: str, seed_idx: np.ndarray | None = None
+) -> np.ndarray:
     """Bootstrap means over suites: per suite the mean of x[idx] (idx: n_boot x n), then the plain or
     question-count-weighted mean over suites. A per-suite array [n, S] (one column per seed) is resampled in its
     seeds too: x[idx, seed_idx] (seed_idx: n_boot x S, the same for every suite: a seed is one training run)."""
+
     def mean(x: np.ndarray, i: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=float)
         if x.ndim == 1:
@@ -172,9 +182,14 @@ def _bounds(diff: float, boots: np.ndarray, alpha: float) -> tuple[float, float,
     return float(diff), float(lo), float(hi), float(p), float(p_rev)
 
 
-def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray], weighting: str = "plain",
-                                 n_boot: int = N_BOOT, seed: int = BOOT_SEED, alpha: float = ALPHA
-                                 ) -> tuple[float, float, float, float, float]:
+def paired_bootstrap_diff_suites(
+    a: Sequence[np.ndarray],
+    b: Sequence[np.ndarray],
+    weighting: str = "plain",
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    alpha: float = ALPHA,
+) -> tuple[float, float, float, float, float]:
     """Paired bootstrap of mean(A) - mean(B) over several suites (one per-question array per suite, the
     same questions in A and B): per suite the question indices are resampled jointly for A and B, suites
     independently. Per-suite arrays of shape [n_questions, S] hold one column per training seed (seed s of A
@@ -187,8 +202,10 @@ def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray
         raise ValueError(f"paired bootstrap needs the same suites on both sides, got {len(a)} and {len(b)}")
     shapes = {np.shape(x)[1:] for x in [*a, *b]}
     if len(shapes) != 1:
-        raise ValueError(f"paired bootstrap needs the same seeds in every suite on both sides, got shapes "
-                         f"{[np.shape(x) for x in [*a, *b]]}")
+        raise ValueError(
+            f"paired bootstrap needs the same seeds in every suite on both sides, got shapes "
+            f"{[np.shape(x) for x in [*a, *b]]}"
+        )
     for x, y in zip(a, b):
         if len(x) != len(y) or len(x) == 0:
             raise ValueError(f"paired bootstrap needs the same questions on both sides, got {len(x)} and {len(y)}")
@@ -200,25 +217,36 @@ def paired_bootstrap_diff_suites(a: Sequence[np.ndarray], b: Sequence[np.ndarray
     return _bounds(point_mean(a, weighting) - point_mean(b, weighting), boots, alpha)
 
 
-def paired_bootstrap_diff(a_per_question: np.ndarray, b_per_question: np.ndarray, n_boot: int = N_BOOT,
-                          seed: int = BOOT_SEED, alpha: float = ALPHA) -> tuple[float, float, float]:
+def paired_bootstrap_diff(
+    a_per_question: np.ndarray,
+    b_per_question: np.ndarray,
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    alpha: float = ALPHA,
+) -> tuple[float, float, float]:
     """(mean, lo, hi) of mean(A) - mean(B) by a paired bootstrap over questions (indices resampled jointly);
     lo / hi: the one-sided (1 - alpha) lower and upper bounds."""
-    diff, lo, hi, _, _ = paired_bootstrap_diff_suites([np.asarray(a_per_question, dtype=float)],
-                                                      [np.asarray(b_per_question, dtype=float)],
-                                                      n_boot=n_boot, seed=seed, alpha=alpha)
+    diff, lo, hi, _, _ = paired_bootstrap_diff_suites(
+        [np.asarray(a_per_question, dtype=float)],
+        [np.asarray(b_per_question, dtype=float)],
+        n_boot=n_boot,
+        seed=seed,
+        alpha=alpha,
+    )
     return diff, lo, hi
 
 
-def unpaired_bootstrap_diff(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                            alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
+def unpaired_bootstrap_diff(
+    a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = BOOT_SEED, alpha: float = ALPHA
+) -> tuple[float, float, float, float, float]:
     """(diff, lo, hi, p, p_reverse) of mean(A) - mean(B), A and B resampled independently (e.g. RL steps)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("unpaired bootstrap needs values on both sides")
     rng = np.random.default_rng(seed)
-    boots = (a[rng.integers(0, len(a), size=(n_boot, len(a)))].mean(axis=1)
-             - b[rng.integers(0, len(b), size=(n_boot, len(b)))].mean(axis=1))
+    boots = a[rng.integers(0, len(a), size=(n_boot, len(a)))].mean(axis=1) - b[
+        rng.integers(0, len(b), size=(n_boot, len(b)))
+    ].mean(axis=1)
     return _bounds(float(a.mean() - b.mean()), boots, alpha)
 
 
@@ -244,15 +272,15 @@ BEATS, WORSE, TIED = "beats", "worse than", "noise"
 """The verdicts of a versus cell (row vs reference, two-sided, Holm over the table's versus cells)."""
 
 
-def versus_verdicts(diffs: Sequence[float], pvalues: Sequence[float], reverse_pvalues: Sequence[float],
-                    alpha: float = ALPHA) -> list[tuple[float, float, str]]:
+def versus_verdicts(
+    diffs: Sequence[float], pvalues: Sequence[float], reverse_pvalues: Sequence[float], alpha: float = ALPHA
+) -> list[tuple[float, float, str]]:
     """A family of "row vs reference" comparisons (one per versus cell of a table): per comparison (two-sided p,
     Holm-adjusted p over the family, verdict): BEATS if adjusted p < alpha and the difference is positive, WORSE if
     adjusted p < alpha and it is negative, else TIED (noise)."""
     p2 = [two_sided_p(p, q) for p, q in zip(pvalues, reverse_pvalues)]
     adj = holm(p2) if p2 else []
-    return [(p, a, (BEATS if d > 0 else WORSE) if a < alpha and d != 0 else TIED)
-            for d, p, a in zip(diffs, p2, adj)]
+    return [(p, a, (BEATS if d > 0 else WORSE) if a < alpha and d != 0 else TIED) for d, p, a in zip(diffs, p2, adj)]
 
 
 def single_verdict(lo: float, hi: float) -> str:
@@ -294,8 +322,9 @@ def matched_grid(lo: float, hi: float, n: int = MATCHED_POINTS) -> np.ndarray:
     return np.array([lo]) if hi == lo else np.linspace(lo, hi, n)
 
 
-def matched_gap_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
-                          grid: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float, float, float]:
+def matched_gap_bootstrap(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], grid: np.ndarray, alpha: float = ALPHA
+) -> tuple[float, float, float, float, float]:
     """(diff, lo, hi, p, p_reverse) of the mean over `grid` of y_A(x) - y_B(x), each series given as (x, y): point
     values [T] (one per row) and bootstrap values [B, T] (the same draws for both series) stacked as (x [B+1, T],
     y [B+1, T]) with the point estimate first. Bounds and p-values as `paired_bootstrap_diff_suites`."""

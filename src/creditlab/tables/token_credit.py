@@ -51,16 +51,20 @@ def load_token_credit(path: Path) -> dict[str, Any]:
     """Read and validate a token_credit.json; ValueError naming the file and the offending key."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no token credit table: {path} is missing (the trainer writes it next to "
-                                f"metrics.jsonl; a run trained before it did must be re-trained)")
+        raise FileNotFoundError(
+            f"no token credit table: {path} is missing (the trainer writes it next to "
+            f"metrics.jsonl; a run trained before it did must be re-trained)"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON: {err}") from err
 
     def fail(where: str, problem: str) -> None:
-        raise ValueError(f"{path}: {where}: {problem}; expected {{'tokens': [{{'token': str, 'id': int, "
-                         f"'count': int, 'mean': number}}, ...], 'n_tokens': int, 'steps': int, 'weight': str}}")
+        raise ValueError(
+            f"{path}: {where}: {problem}; expected {{'tokens': [{{'token': str, 'id': int, "
+            f"'count': int, 'mean': number}}, ...], 'n_tokens': int, 'steps': int, 'weight': str}}"
+        )
 
     if not isinstance(data, dict):
         fail("top level", f"expected an object, got {type(data).__name__}")
@@ -72,11 +76,12 @@ def load_token_credit(path: Path) -> dict[str, Any]:
     for i, tok in enumerate(data["tokens"]):
         if not isinstance(tok, dict):
             fail(f"tokens[{i}]", f"expected an object, got {tok!r:.60}")
-        for key, ok in (("token", lambda v: isinstance(v, str)),
-                        ("id", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-                        ("count", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-                        ("mean", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                         and math.isfinite(v))):
+        for key, ok in (
+            ("token", lambda v: isinstance(v, str)),
+            ("id", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+            ("count", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+            ("mean", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+        ):
             if key not in tok:
                 fail(f"tokens[{i}].{key}", "missing key")
             if not ok(tok[key]):
@@ -95,9 +100,19 @@ def by_string(data: dict[str, Any]) -> pd.DataFrame:
         m["ids"].append(str(tok["id"]))
         m["count"] += tok["count"]
         m["sum"] += tok["count"] * float(tok["mean"])
-    return pd.DataFrame([{"token": t, "shown": visible(t), "ids": ";".join(m["ids"]), "count": m["count"],
-                          "mean": m["sum"] / m["count"]} for t, m in merged.items()],
-                        columns=["token", "shown", "ids", "count", "mean"])
+    return pd.DataFrame(
+        [
+            {
+                "token": t,
+                "shown": visible(t),
+                "ids": ";".join(m["ids"]),
+                "count": m["count"],
+                "mean": m["sum"] / m["count"],
+            }
+            for t, m in merged.items()
+        ],
+        columns=["token", "shown", "ids", "count", "mean"],
+    )
 
 
 def overall_mean(data: dict[str, Any]) -> float:
@@ -127,8 +142,9 @@ def _code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[str, Any], out_md: Path,
-                       out_csv: Path) -> None:
+def write_token_credit(
+    ranking: pd.DataFrame, data: dict[str, Any], meta: dict[str, Any], out_md: Path, out_csv: Path
+) -> None:
     """The figure's table: CSV (ranking + context columns) and a Markdown page.
 
     `meta`: paper_title, figure, caption, scale, paper_backbone, backbone, run, seed, top, min_count,
@@ -137,19 +153,39 @@ def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[s
     out_md, out_csv = Path(out_md), Path(out_csv)
     strings = by_string(data)
     n_eligible = int((strings["count"] >= meta["min_count"]).sum())
-    context = {k: meta.get(k, "") for k in ("figure", "scale", "paper_backbone", "backbone", "run", "seed",
-                                            "min_count", "run_key", "mlflow_run_id", "commit")}
-    context |= {"n_tokens": data["n_tokens"], "steps": data["steps"], "weight": data["weight"],
-                "source": data.get("_path", "")}
+    context = {
+        k: meta.get(k, "")
+        for k in (
+            "figure",
+            "scale",
+            "paper_backbone",
+            "backbone",
+            "run",
+            "seed",
+            "min_count",
+            "run_key",
+            "mlflow_run_id",
+            "commit",
+        )
+    }
+    context |= {
+        "n_tokens": data["n_tokens"],
+        "steps": data["steps"],
+        "weight": data["weight"],
+        "source": data.get("_path", ""),
+    }
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     ranking.assign(**context).to_csv(out_csv, index=False)
 
     scale = meta["scale"]
     lines = [f"# {meta['paper_title']}: figure `{meta['figure']}` (token credit)", ""]
     if scale != "paper":
-        lines += [f"**Scale `{scale}`: NOT the paper's tokens.** These are the tokens of a tiny model's "
-                  f"tokenizer on the synthetic {scale} task, standing in for the paper's backbone; compare "
-                  f"the kind of pattern (which token types get high or low credit), not the tokens.", ""]
+        lines += [
+            f"**Scale `{scale}`: NOT the paper's tokens.** These are the tokens of a tiny model's "
+            f"tokenizer on the synthetic {scale} task, standing in for the paper's backbone; compare "
+            f"the kind of pattern (which token types get high or low credit), not the tokens.",
+            "",
+        ]
     if meta.get("caption"):
         lines += [f"Paper caption: {meta['caption']}", ""]
     lines += [
@@ -157,7 +193,9 @@ def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[s
         f"{data['weight']} weight per generated token string over {data['steps']} steps and "
         f"{data['n_tokens']} valid generated tokens (all tokens: mean "
         f"{_fmt3(overall_mean(data))}). Ranked: the {n_eligible} of {len(strings)} strings generated at "
-        f"least {meta['min_count']} times. Whitespace is shown as ␣ (space), ↵ (newline), ⇥ (tab).", ""]
+        f"least {meta['min_count']} times. Whitespace is shown as ␣ (space), ↵ (newline), ⇥ (tab).",
+        "",
+    ]
     if n_eligible < 2 * meta["top"]:
         lines += [f"Only {n_eligible} strings qualify (< 2 x {meta['top']}): the two lists overlap.", ""]
     for side, title in (("top", "Highest"), ("bottom", "Lowest")):
@@ -166,12 +204,16 @@ def write_token_credit(ranking: pd.DataFrame, data: dict[str, Any], meta: dict[s
         if part.empty:
             lines += [f"No token string was generated {meta['min_count']} times or more.", ""]
             continue
-        lines += md_table(["Rank", "Token", "Ids", "Count", "Mean weight"],
-                           [[str(r.rank), _code(r.shown), str(r.ids), str(r.count), _fmt3(r.mean)]
-                            for r in part.itertuples()]) + [""]
-    lines += ["## Provenance", "",
-              f"Source `{data.get('_path', '')}`; run key `{meta.get('run_key') or '?'}`; MLflow run id "
-              f"{meta.get('mlflow_run_id') or 'none (offline or unknown)'}; commit `{meta.get('commit') or '?'}`."]
+        lines += md_table(
+            ["Rank", "Token", "Ids", "Count", "Mean weight"],
+            [[str(r.rank), _code(r.shown), str(r.ids), str(r.count), _fmt3(r.mean)] for r in part.itertuples()],
+        ) + [""]
+    lines += [
+        "## Provenance",
+        "",
+        f"Source `{data.get('_path', '')}`; run key `{meta.get('run_key') or '?'}`; MLflow run id "
+        f"{meta.get('mlflow_run_id') or 'none (offline or unknown)'}; commit `{meta.get('commit') or '?'}`.",
+    ]
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(lines) + "\n")
 

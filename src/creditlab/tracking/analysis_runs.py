@@ -26,22 +26,44 @@ def analysis_run_key(scale: str, paper: str, name: str) -> str:
     return f"{scale}/analysis/{paper}/{name}"
 
 
-def publish_analysis(results_dir: str | Path, experiment: str, scale: str, paper: str, name: str, kind: str,
-                     result: Mapping[str, Any], metrics: Mapping[str, float], markdown: str, files: Sequence[Path],
-                     local_dir: str | Path) -> str | None:
+def publish_analysis(
+    results_dir: str | Path,
+    experiment: str,
+    scale: str,
+    paper: str,
+    name: str,
+    kind: str,
+    result: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    markdown: str,
+    files: Sequence[Path],
+    local_dir: str | Path,
+) -> str | None:
     """Log one analysis (module docstring); returns its MLflow run id (None offline)."""
     prov = result.get("provenance") or {}
     key = analysis_run_key(scale, paper, name)
     # what may change between builds of one analysis (its commit, its params) are tags: MLflow params are immutable
-    tags = {"kind": "analysis", "paper": paper, "analysis": name, "analysis_kind": kind, "scale": scale,
-            "start": prov.get("start"), "analysis_run_key": prov.get("run_key"), "analysis_commit": prov.get("commit"),
-            "analysis_params": json.dumps(prov.get("params") or {}, default=str, ensure_ascii=False)}
-    tracker = Tracker.start(results_dir, experiment, key, f"analysis {paper}/{name}", tags=tags, params={},
-                            local_dir=local_dir)
+    tags = {
+        "kind": "analysis",
+        "paper": paper,
+        "analysis": name,
+        "analysis_kind": kind,
+        "scale": scale,
+        "start": prov.get("start"),
+        "analysis_run_key": prov.get("run_key"),
+        "analysis_commit": prov.get("commit"),
+        "analysis_params": json.dumps(prov.get("params") or {}, default=str, ensure_ascii=False),
+    }
+    tracker = Tracker.start(
+        results_dir, experiment, key, f"analysis {paper}/{name}", tags=tags, params={}, local_dir=local_dir
+    )
     with tracker:
         tracker.set_tags({k: v for k, v in tags.items() if k.startswith("analysis_") or k == "start"})
-        note = markdown if len(markdown) <= MAX_TAG_VAL_LENGTH else (
-            markdown[: MAX_TAG_VAL_LENGTH - 80] + "\n\n… cut here; the whole analysis is in the artifacts")
+        note = (
+            markdown
+            if len(markdown) <= MAX_TAG_VAL_LENGTH
+            else (markdown[: MAX_TAG_VAL_LENGTH - 80] + "\n\n… cut here; the whole analysis is in the artifacts")
+        )
         tracker.set_tags({NOTE_TAG: note})
         clean = {mlflow_key(k): float(v) for k, v in metrics.items()}
         if clean:

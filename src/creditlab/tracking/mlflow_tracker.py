@@ -55,8 +55,7 @@ ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 OFFLINE_FILE = "mlflow_offline.jsonl"
 PROBE_TIMEOUT_S = 3.0
 HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-STANDARD_TAGS = ("run_key", "paper", "table", "method", "backbone", "seed", "scale",
-                 "git_commit", "slurm_job_id")
+STANDARD_TAGS = ("run_key", "paper", "table", "method", "backbone", "seed", "scale", "git_commit", "slurm_job_id")
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 # MLflow's limits (mlflow.utils.validation), restated to keep the import lazy
@@ -186,8 +185,7 @@ def _check_run_key(run_key: str) -> None:
 
 def _keyed_runs(client: MlflowClient, experiment_id: str, run_key: str) -> list[Run]:
     """The active runs of the experiment tagged run_key == `run_key`, earliest first (ties: run id)."""
-    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{run_key}'",
-                              max_results=MAX_KEYED_RUNS)
+    runs = client.search_runs([experiment_id], filter_string=f"tags.run_key = '{run_key}'", max_results=MAX_KEYED_RUNS)
     return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
 
@@ -218,8 +216,9 @@ def _creation_lock(uri: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _unique_run(client: MlflowClient, experiment_id: str, run_key: str, create: Callable[[], Run],
-                uri: str) -> tuple[Run, bool]:
+def _unique_run(
+    client: MlflowClient, experiment_id: str, run_key: str, create: Callable[[], Run], uri: str
+) -> tuple[Run, bool]:
     """The run of `run_key`, created with `create()` if there is none: (run, created by this call).
 
     On a local store, find-or-create holds the store's creation lock (`_creation_lock`), so exactly one
@@ -250,16 +249,23 @@ class ParentRun:
     @classmethod
     def of_table(cls, scale: str, paper: str, table: str) -> ParentRun:
         """The parent run of `paper`'s table `table` at `scale`."""
-        return cls(key=f"{scale}/table/{paper}/{table}", name=f"table {paper}/{table}",
-                   tags={"kind": "table", "paper": paper, "table": f"{paper}/{table}", "scale": scale})
+        return cls(
+            key=f"{scale}/table/{paper}/{table}",
+            name=f"table {paper}/{table}",
+            tags={"kind": "table", "paper": paper, "table": f"{paper}/{table}", "scale": scale},
+        )
 
 
 def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str], base: str = "") -> str:
     """The MLflow UI's compare view of `run_ids` (from `experiment_ids`), relative to the UI's `base` URL."""
     compact = {"separators": (",", ":")}
-    query = urllib.parse.urlencode({"runs": json.dumps(list(run_ids), **compact),
-                                    "experiments": json.dumps(list(dict.fromkeys(experiment_ids)), **compact)},
-                                   quote_via=urllib.parse.quote)
+    query = urllib.parse.urlencode(
+        {
+            "runs": json.dumps(list(run_ids), **compact),
+            "experiments": json.dumps(list(dict.fromkeys(experiment_ids)), **compact),
+        },
+        quote_via=urllib.parse.quote,
+    )
     return f"{base.rstrip('/')}/#/compare-runs?{query}" if base else f"#/compare-runs?{query}"
 
 
@@ -272,9 +278,12 @@ def _parent_run_id(client: MlflowClient, exp_id: str, parent: ParentRun, uri: st
     return _unique_run(client, exp_id, parent.key, create, uri)[0].info.run_id
 
 
-def init_store(results_dir: str | Path, experiments: Sequence[str],
-               parents: Sequence[tuple[str, ParentRun]] = (),
-               children: Sequence[tuple[str, str, str]] = ()) -> None:
+def init_store(
+    results_dir: str | Path,
+    experiments: Sequence[str],
+    parents: Sequence[tuple[str, ParentRun]] = (),
+    children: Sequence[tuple[str, str, str]] = (),
+) -> None:
     """Create the tracking store, the experiments and the tables' parent runs (experiment, parent) once,
     before any job (idempotent), and nest existing runs (experiment, run key, parent key) that have no
     parent yet (runs tracked before tables had parent runs). Jobs would create a missing parent too
@@ -287,8 +296,10 @@ def init_store(results_dir: str | Path, experiments: Sequence[str],
     if reason is None:
         try:
             client = _client(uri)
-            ids = {name: _ensure_experiment(client, name, artifact_location(results_dir, name, uri))
-                   for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])}
+            ids = {
+                name: _ensure_experiment(client, name, artifact_location(results_dir, name, uri))
+                for name in dict.fromkeys([*experiments, *(e for e, _ in parents)])
+            }
             parent_ids: dict[tuple[str, str], str] = {}
             for name, parent in parents:
                 parent_ids[name, parent.key] = _parent_run_id(client, ids[name], parent, uri)
@@ -348,8 +359,7 @@ def mlflow_key(name: str) -> str:
 
 def _str_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     """Tags with safe keys and string values cut to MLflow's length limit."""
-    return {mlflow_key(k): ("" if v is None else str(v))[:MAX_TAG_VAL_LENGTH]
-            for k, v in tags.items()}
+    return {mlflow_key(k): ("" if v is None else str(v))[:MAX_TAG_VAL_LENGTH] for k, v in tags.items()}
 
 
 def _float_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -365,7 +375,7 @@ def _is_rejection(err: Exception) -> bool:
 def _chunks(items: list, size: int) -> Iterator[list]:
     """`items` in consecutive pieces of at most `size`."""
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def standard_tags(run_key: str, tags: Mapping[str, Any]) -> dict[str, str]:
@@ -375,8 +385,7 @@ def standard_tags(run_key: str, tags: Mapping[str, Any]) -> dict[str, str]:
     every standard tag; run_key always equals the run's key.
     """
     merged: dict[str, Any] = {name: "" for name in STANDARD_TAGS}
-    merged.update(git_commit=git_commit(), slurm_job_id=os.environ.get("SLURM_JOB_ID", ""),
-                  host=socket.gethostname())
+    merged.update(git_commit=git_commit(), slurm_job_id=os.environ.get("SLURM_JOB_ID", ""), host=socket.gethostname())
     merged.update({k: v for k, v in tags.items() if v is not None})
     merged["run_key"] = run_key
     return _str_tags(merged)
@@ -394,8 +403,9 @@ class Tracker:
     context manager: leaving the block ends the run FINISHED, or FAILED on an exception.
     """
 
-    def __init__(self, uri: str, experiment: str, run_key: str, local_dir: str | Path,
-                 owns_status: bool = True) -> None:
+    def __init__(
+        self, uri: str, experiment: str, run_key: str, local_dir: str | Path, owns_status: bool = True
+    ) -> None:
         self.uri = uri
         self.experiment = experiment
         self.run_key = run_key
@@ -411,9 +421,17 @@ class Tracker:
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, results_dir: str | Path, experiment: str, run_key: str, run_name: str,
-              tags: Mapping[str, Any], params: Mapping[str, Any], local_dir: str | Path,
-              parent: ParentRun | None = None) -> Tracker:
+    def start(
+        cls,
+        results_dir: str | Path,
+        experiment: str,
+        run_key: str,
+        run_name: str,
+        tags: Mapping[str, Any],
+        params: Mapping[str, Any],
+        local_dir: str | Path,
+        parent: ParentRun | None = None,
+    ) -> Tracker:
         """Create the MLflow run of `run_key`, or resume it if the experiment already has it.
 
         Sets the standard tags (see `standard_tags`) and logs `params` flattened to dotted keys.
@@ -425,15 +443,27 @@ class Tracker:
         _check_run_key(run_key)
         tracker = cls(tracking_uri(results_dir), experiment, run_key, local_dir)
         all_tags, flat = standard_tags(run_key, tags), flatten_params(params)
-        payload = {"experiment": experiment, "run_name": run_name, "tags": all_tags, "params": flat,
-                   "parent": parent.key if parent else None}
-        tracker._open("start", payload, lambda: tracker._create_or_resume(
-            results_dir, run_name, all_tags, flat, parent))
+        payload = {
+            "experiment": experiment,
+            "run_name": run_name,
+            "tags": all_tags,
+            "params": flat,
+            "parent": parent.key if parent else None,
+        }
+        tracker._open(
+            "start", payload, lambda: tracker._create_or_resume(results_dir, run_name, all_tags, flat, parent)
+        )
         return tracker
 
     @classmethod
-    def attach(cls, results_dir: str | Path, experiment: str, run_key: str,
-               local_dir: str | Path, tags: Mapping[str, Any] | None = None) -> Tracker:
+    def attach(
+        cls,
+        results_dir: str | Path,
+        experiment: str,
+        run_key: str,
+        local_dir: str | Path,
+        tags: Mapping[str, Any] | None = None,
+    ) -> Tracker:
         """Reopen the run of `run_key` to log into it (evaluation), without changing its params.
 
         The run's status is left as it is. If the run does not exist (e.g. the base model, or a
@@ -466,16 +496,23 @@ class Tracker:
         location = artifact_location(results_dir, self.experiment, self.uri)
         return _ensure_experiment(self._client, self.experiment, location)
 
-    def _create_or_resume(self, results_dir: str | Path, run_name: str, tags: dict[str, str],
-                          params: dict[str, str], parent: ParentRun | None = None) -> None:
+    def _create_or_resume(
+        self,
+        results_dir: str | Path,
+        run_name: str,
+        tags: dict[str, str],
+        params: dict[str, str],
+        parent: ParentRun | None = None,
+    ) -> None:
         """Online part of `start`."""
         assert self._client is not None
         client = self._client
         exp_id = self._experiment_id(results_dir)
         if parent is not None:
             tags = {**tags, PARENT_TAG: _parent_run_id(client, exp_id, parent, self.uri)}
-        run, created = _unique_run(client, exp_id, self.run_key,
-                                   lambda: client.create_run(exp_id, tags=tags, run_name=run_name), self.uri)
+        run, created = _unique_run(
+            client, exp_id, self.run_key, lambda: client.create_run(exp_id, tags=tags, run_name=run_name), self.uri
+        )
         self._run_id = run.info.run_id
         if created:
             self._log_batch(params=params)
@@ -485,8 +522,11 @@ class Tracker:
         changed = sorted(k for k, v in params.items() if run.data.params.get(k, v) != v)
         new = {k: v for k, v in params.items() if k not in run.data.params}
         if changed:
-            warnings.warn(f"run {self.run_key}: params changed since the run was created, "
-                          f"keeping the first values: {changed}", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"run {self.run_key}: params changed since the run was created, keeping the first values: {changed}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             tags = {**tags, "params_changed_on_resume": ",".join(changed)[:MAX_TAG_VAL_LENGTH]}
         self._log_batch(params=new, tags=tags)
 
@@ -519,8 +559,7 @@ class Tracker:
     def _go_offline(self, reason: str) -> None:
         """Go offline (once per tracker): warn with the URI and the reason, note it locally."""
         self.offline_reason = reason
-        _warn_unreachable(self.uri, reason,
-                          f"logging run {self.run_key} offline to {self.offline_path}")
+        _warn_unreachable(self.uri, reason, f"logging run {self.run_key} offline to {self.offline_path}")
         self._append("offline", {"uri": self.uri, "reason": reason, "run_id": self._run_id})
 
     def _append(self, event: str, payload: Mapping[str, Any]) -> None:
@@ -553,13 +592,16 @@ class Tracker:
         if event in self._rejected:
             return
         self._rejected.add(event)
-        message = (f"MLflow rejected {event} for run {self.run_key} ({reason}); recorded in "
-                   f"{self.offline_path} instead")
+        message = f"MLflow rejected {event} for run {self.run_key} ({reason}); recorded in {self.offline_path} instead"
         warnings.warn(message, RuntimeWarning, stacklevel=4)
         log.warning(message)
 
-    def _log_batch(self, metrics: Sequence[Any] = (), params: Mapping[str, str] | None = None,
-                   tags: Mapping[str, str] | None = None) -> None:
+    def _log_batch(
+        self,
+        metrics: Sequence[Any] = (),
+        params: Mapping[str, str] | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
         """log_batch in pieces within MLflow's per-request limits."""
         from mlflow.entities import Param, RunTag
 
@@ -642,8 +684,9 @@ class Tracker:
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is KeyboardInterrupt:
             self.end("KILLED")
         else:

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from creditlab.tracking.mlflow_tracker import (MAX_TAG_VAL_LENGTH, NOTE_TAG, ParentRun, Tracker,
-                                               mlflow_key)
+from creditlab.tracking.mlflow_tracker import MAX_TAG_VAL_LENGTH, NOTE_TAG, ParentRun, Tracker, mlflow_key
 
 
 def cell_metrics(df: pd.DataFrame) -> dict[str, float]:
@@ -45,19 +44,36 @@ def _note(markdown: str, files: Sequence[Path]) -> str:
     return markdown[: MAX_TAG_VAL_LENGTH - len(tail)] + tail
 
 
-def publish_table(results_dir: str | Path, experiment: str, scale: str, paper: str, table: str,
-                  df: pd.DataFrame, markdown: str, files: Sequence[Path], local_dir: str | Path, *,
-                  run_ids: Sequence[str]) -> str | None:
+def publish_table(
+    results_dir: str | Path,
+    experiment: str,
+    scale: str,
+    paper: str,
+    table: str,
+    df: pd.DataFrame,
+    markdown: str,
+    files: Sequence[Path],
+    local_dir: str | Path,
+    *,
+    run_ids: Sequence[str],
+) -> str | None:
     """Log a built table into its parent run (see the module doc); `run_ids`: the MLflow runs its cells were read
     from. Returns the compare link, or None offline."""
     parent = ParentRun.of_table(scale, paper, table)
     ids = list(run_ids)
-    tracker = Tracker.start(results_dir, experiment, parent.key, parent.name, tags=parent.tags, params={},
-                            local_dir=local_dir)
+    tracker = Tracker.start(
+        results_dir, experiment, parent.key, parent.name, tags=parent.tags, params={}, local_dir=local_dir
+    )
     with tracker:
         link = tracker.compare_link(ids)
-        tracker.set_tags({NOTE_TAG: _note(markdown, files), "row_run_ids": ",".join(ids),
-                          "rows": str(len(df[["row", "backbone"]].drop_duplicates())), "compare_url": link or ""})
+        tracker.set_tags(
+            {
+                NOTE_TAG: _note(markdown, files),
+                "row_run_ids": ",".join(ids),
+                "rows": str(len(df[["row", "backbone"]].drop_duplicates())),
+                "compare_url": link or "",
+            }
+        )
         metrics = cell_metrics(df)
         if metrics:
             tracker.log_metrics(metrics, step=0)

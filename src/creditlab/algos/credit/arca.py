@@ -119,9 +119,11 @@ def adapter_residual_norm(hidden: Tensor, base_hidden: Tensor) -> Tensor:
     (float32 or wider, detached).
     """
     if hidden is None or base_hidden is None:
-        raise ValueError("ARCA needs both `hidden` (adapter enabled) and `base_hidden` (the same forward with "
-                         "the LoRA adapter disabled, i.e. the reference pass); the engine did not provide "
-                         f"{'hidden' if hidden is None else 'base_hidden'}")
+        raise ValueError(
+            "ARCA needs both `hidden` (adapter enabled) and `base_hidden` (the same forward with "
+            "the LoRA adapter disabled, i.e. the reference pass); the engine did not provide "
+            f"{'hidden' if hidden is None else 'base_hidden'}"
+        )
     if hidden.shape != base_hidden.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and base_hidden {tuple(base_hidden.shape)} differ in shape")
     return torch.linalg.vector_norm(_float(hidden.detach()) - _float(base_hidden.detach()), dim=-1)
@@ -188,8 +190,7 @@ def arca_surprisal_weights(old_logp: Tensor, mask: Tensor, eps: float = EPS, sca
 
 @register("credit", "arca_entropy_reduction")
 @torch.no_grad()
-def arca_entropy_reduction_weights(entropy: Tensor, mask: Tensor, eps: float = EPS,
-                                   scale: str = "mean1") -> Tensor:
+def arca_entropy_reduction_weights(entropy: Tensor, mask: Tensor, eps: float = EPS, scale: str = "mean1") -> Tensor:
     """Entropy reduction [paper, eqs. 11-13]: a_t = max(0, H_t - H_{t+1}), a_T = 0, then eq. 8.
 
     H_t = entropy of the predictive distribution from which y_t was sampled (``entropy``, the old
@@ -207,8 +208,9 @@ def arca_entropy_reduction_weights(entropy: Tensor, mask: Tensor, eps: float = E
 
 @register("credit", "arca_divergence")
 @torch.no_grad()
-def arca_divergence_weights(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, eps: float = EPS,
-                            scale: str = "mean1") -> Tensor:
+def arca_divergence_weights(
+    old_logp: Tensor, ref_logp: Tensor, mask: Tensor, eps: float = EPS, scale: str = "mean1"
+) -> Tensor:
     """Policy divergence [paper, eq. 14]: a_t = |log pi_theta(y_t) - log pi_ref(y_t)|, then eq. 8.
 
     pi_theta = the old policy (``old_logp``) [ours]; pi_ref = the same model with the LoRA adapter
@@ -219,8 +221,7 @@ def arca_divergence_weights(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, ep
 
 @register("credit", "arca")
 @torch.no_grad()
-def arca_weights(hidden: Tensor, base_hidden: Tensor, mask: Tensor, eps: float = EPS,
-                 scale: str = "mean1") -> Tensor:
+def arca_weights(hidden: Tensor, base_hidden: Tensor, mask: Tensor, eps: float = EPS, scale: str = "mean1") -> Tensor:
     """ARCA [paper, eq. 15]: a_t = ||h_t^adapted - h_t^base||_2 on the last hidden layer, then eq. 8.
 
     h^adapted = ``hidden`` (the old-log-prob forward, adapter enabled); h^base = ``base_hidden`` (the

@@ -116,15 +116,18 @@ class TokenCredit:
         ids = responses.cpu()[valid].long()
         w = torch.broadcast_to(weights.detach().cpu(), valid.shape)[valid].double()
         if ids.numel() and int(ids.max()) >= self.sums.shape[1]:
-            self.sums = torch.cat([self.sums, torch.zeros(2, int(ids.max()) + 1 - self.sums.shape[1],
-                                                          dtype=torch.float64)], 1)
+            self.sums = torch.cat(
+                [self.sums, torch.zeros(2, int(ids.max()) + 1 - self.sums.shape[1], dtype=torch.float64)], 1
+            )
         self.sums[0].index_add_(0, ids, w)
         self.sums[1].index_add_(0, ids, torch.ones_like(w))
 
     def table(self, decode: Callable[[int], str], steps: int) -> dict:
         """The token_credit.json object: every token seen, by mean weight (highest first)."""
         sums, counts = self.sums
-        rows = [{"token": decode(i), "id": i, "count": int(counts[i]), "mean": float(sums[i] / counts[i])}
-                for i in torch.nonzero(counts > 0).flatten().tolist()]
+        rows = [
+            {"token": decode(i), "id": i, "count": int(counts[i]), "mean": float(sums[i] / counts[i])}
+            for i in torch.nonzero(counts > 0).flatten().tolist()
+        ]
         rows.sort(key=lambda r: -r["mean"])
         return {"tokens": rows, "n_tokens": int(counts.sum()), "steps": int(steps), "weight": "credit"}

@@ -189,8 +189,9 @@ def lm_head_row_proxy(old_logp: Tensor, hidden: Tensor) -> Tensor:
     return (1.0 - old_logp.float().exp())[:, None] * hidden.float()
 
 
-def topk_hidden_proxy(token_ids: Tensor, topk_logp: Tensor, topk_ids: Tensor, lm_head: Tensor,
-                      chunk_elems: int = 1 << 24) -> Tensor:
+def topk_hidden_proxy(
+    token_ids: Tensor, topk_logp: Tensor, topk_ids: Tensor, lm_head: Tensor, chunk_elems: int = 1 << 24
+) -> Tensor:
     """Top-K hidden-gradient proxy [ours]: v = W_y - sum_{j in topK} p_j W_j.
 
     The gradient of log p(y) w.r.t. the LM-head input h is W^T (e_y - p); this keeps the sampled row
@@ -243,8 +244,9 @@ def delta_weights(
     valid = mask.bool()
     if variant == "topk_proxy":
         if not topk or topk_logp is None or topk_ids is None or lm_head is None:
-            raise ValueError("DelTA variant 'topk_proxy' needs `topk` set and topk_logp, topk_ids, lm_head "
-                             "from the engine")
+            raise ValueError(
+                "DelTA variant 'topk_proxy' needs `topk` set and topk_logp, topk_ids, lm_head from the engine"
+            )
         v = topk_hidden_proxy(responses[valid], topk_logp[valid][:, :topk], topk_ids[valid][:, :topk], lm_head)
         variant = "full"
     else:
@@ -289,8 +291,17 @@ def delta_select_mask(
         raise ValueError(f"unknown selection mode {mode!r}; valid choices: {list(SELECT_MODES)}")
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"frac must be in (0, 1], got {frac}")
-    lam = delta_weights(responses, mask, old_logp, advantages, hidden, lam_min=lam_min, lam_max=lam_max,
-                        refine_steps=refine_steps, all_reduce=all_reduce)
+    lam = delta_weights(
+        responses,
+        mask,
+        old_logp,
+        advantages,
+        hidden,
+        lam_min=lam_min,
+        lam_max=lam_max,
+        refine_steps=refine_steps,
+        all_reduce=all_reduce,
+    )
     cand = mask.bool() & (advantages != 0)[:, None]
     n_keep = int(round(frac * int(cand.sum())))
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)

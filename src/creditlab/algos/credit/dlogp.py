@@ -27,14 +27,20 @@ def dlogp_weights(old_logp: Tensor, alpha: float) -> Tensor:
 @register("credit", "dominate")
 @torch.no_grad()
 def dominate_weights(old_logp: Tensor, c: float = 0.2) -> Tensor:
-    """"Dominate" baseline (Yang et al.): w_{i,t} = c p_{i,t} + (1 - c). Tensor[B, T] -> Tensor[B, T]."""
+    """ "Dominate" baseline (Yang et al.): w_{i,t} = c p_{i,t} + (1 - c). Tensor[B, T] -> Tensor[B, T]."""
     return c * old_logp.exp() + (1.0 - c)
 
 
 @register("credit", "ppl")
 @torch.no_grad()
-def ppl_weights(old_logp: Tensor, mask: Tensor, group_ids: Tensor, c: float = 0.1,
-                variant: str = "ppl-norm-clamp", clamp: tuple[float, float] = (0.8, 1.2)) -> Tensor:
+def ppl_weights(
+    old_logp: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    c: float = 0.1,
+    variant: str = "ppl-norm-clamp",
+    clamp: tuple[float, float] = (0.8, 1.2),
+) -> Tensor:
     """Perplexity baseline: one weight per response, broadcast over its tokens.
 
     L_i = -(sum_t m_{i,t} log p_{i,t}) / sum_t m_{i,t}   (log perplexity of response i)
@@ -50,7 +56,8 @@ def ppl_weights(old_logp: Tensor, mask: Tensor, group_ids: Tensor, c: float = 0.
         return (1.0 - c * log_ppl).unsqueeze(-1)
     _, inv = torch.unique(group_ids, return_inverse=True)
     n = torch.zeros(int(inv.max()) + 1, dtype=log_ppl.dtype, device=log_ppl.device).index_add_(
-        0, inv, torch.ones_like(log_ppl))
+        0, inv, torch.ones_like(log_ppl)
+    )
     mean = torch.zeros_like(n).index_add_(0, inv, log_ppl) / n
     var = torch.zeros_like(n).index_add_(0, inv, (log_ppl - mean[inv]) ** 2) / n
     z = (log_ppl - mean[inv]) / (var[inv].sqrt() + 1e-6)

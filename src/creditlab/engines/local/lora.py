@@ -35,8 +35,16 @@ from torch import Tensor
 ADAPTER = "default"
 """The name of the one adapter the engine trains (peft's default)."""
 
-LORA_KEYS = {"enable", "rank", "alpha", "dropout", "target_modules", "merge_for_sampling", "random_control",
-             "reference_pass"}
+LORA_KEYS = {
+    "enable",
+    "rank",
+    "alpha",
+    "dropout",
+    "target_modules",
+    "merge_for_sampling",
+    "random_control",
+    "reference_pass",
+}
 REFERENCE_PASS = ("always", "when_needed")
 
 
@@ -55,10 +63,17 @@ def wrap_lora(model: torch.nn.Module, lcfg: dict[str, Any], seed: int):
     if unknown:
         raise ValueError(f"unknown trainer.lora keys {unknown}; valid keys: {sorted(LORA_KEYS)}")
     if lcfg.get("reference_pass", "when_needed") not in REFERENCE_PASS:
-        raise ValueError(f"trainer.lora.reference_pass must be one of {list(REFERENCE_PASS)}, "
-                         f"got {lcfg['reference_pass']!r}")
-    config = LoraConfig(r=int(lcfg["rank"]), lora_alpha=float(lcfg["alpha"]), lora_dropout=float(lcfg["dropout"]),
-                        target_modules=list(lcfg["target_modules"]), bias="none", init_lora_weights=True)
+        raise ValueError(
+            f"trainer.lora.reference_pass must be one of {list(REFERENCE_PASS)}, got {lcfg['reference_pass']!r}"
+        )
+    config = LoraConfig(
+        r=int(lcfg["rank"]),
+        lora_alpha=float(lcfg["alpha"]),
+        lora_dropout=float(lcfg["dropout"]),
+        target_modules=list(lcfg["target_modules"]),
+        bias="none",
+        init_lora_weights=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)

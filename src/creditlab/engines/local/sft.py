@@ -29,8 +29,15 @@ def sft_examples(records: list[dict], tokenizer, template: str) -> tuple[list[li
     return prompts, responses
 
 
-def warmup(model, tokenizer, records: list[dict], cfg: dict[str, Any], seed: int,
-           log_fn: Callable[[dict, int], None] | None = None, progress: bool = True) -> list[dict[str, float]]:
+def warmup(
+    model,
+    tokenizer,
+    records: list[dict],
+    cfg: dict[str, Any],
+    seed: int,
+    log_fn: Callable[[dict, int], None] | None = None,
+    progress: bool = True,
+) -> list[dict[str, float]]:
     """Supervised warm-up (AdamW, linear warm-up then cosine to 10%); returns per-step metrics."""
     w = cfg["warmup"]
     device = _device(cfg.get("device", "auto"))
@@ -57,8 +64,14 @@ def warmup(model, tokenizer, records: list[dict], cfg: dict[str, Any], seed: int
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        m = {"step": step, "sft_loss": loss.item(), "grad_norm": float(gn), "lr": sched.get_last_lr()[0],
-             "token_ppl": math.exp(min(20.0, loss.item())), "elapsed_s": time.perf_counter() - t0}
+        m = {
+            "step": step,
+            "sft_loss": loss.item(),
+            "grad_norm": float(gn),
+            "lr": sched.get_last_lr()[0],
+            "token_ppl": math.exp(min(20.0, loss.item())),
+            "elapsed_s": time.perf_counter() - t0,
+        }
         history.append(m)
         if log_fn is not None:
             log_fn(m, step)

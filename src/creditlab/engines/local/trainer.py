@@ -47,14 +47,26 @@ import numpy as np
 import torch
 
 from creditlab.algos import registry
-from creditlab.algos.compat import check_method
-from creditlab.algos.batching import (RewardBalancedBuffer, call_batching, groups_split_frac, rb_draw, rb_sign_values,
-                                      sign_counts)
+from creditlab.algos.batching import (
+    RewardBalancedBuffer,
+    call_batching,
+    groups_split_frac,
+    rb_draw,
+    rb_sign_values,
+    sign_counts,
+)
 from creditlab.algos.cancellation import cancellation_residual
-from creditlab.algos.shaping import overlong_penalty
+from creditlab.algos.compat import check_method
 from creditlab.algos.credit.arca import adapter_residual_norm, gini, weight_diagnostics
-from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, TokenCredit, compose_credit, credit_inputs_of,
-                                         method_entries)
+from creditlab.algos.credit.base import (
+    REF_INPUTS,
+    CreditInputs,
+    TokenCredit,
+    compose_credit,
+    credit_inputs_of,
+    method_entries,
+)
+from creditlab.algos.shaping import overlong_penalty
 from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
 from creditlab.lm.batch import pack, response_forward
@@ -100,7 +112,6 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
     raise ValueError(f"unknown lr_schedule {schedule!r}; valid choices: ['constant', 'cosine']")
 
 
-
 class Trainer:
     """GRPO/DAPO RL of a causal LM on verifiable prompts (tiny scale, CPU or one GPU).
 
@@ -108,9 +119,19 @@ class Trainer:
     layers); ``self.model`` stays that plain causal LM and ``self.peft`` is the PeftModel around it.
     """
 
-    def __init__(self, cfg: dict[str, Any], model, tokenizer, train_records: list[dict], scorer, ckpt_dir: Path,
-                 log_fn: LogFn | None = None, progress: bool = True, prompt_ids: list[list[int]] | None = None,
-                 stop_ids: int | list[int] | None = None):
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        model,
+        tokenizer,
+        train_records: list[dict],
+        scorer,
+        ckpt_dir: Path,
+        log_fn: LogFn | None = None,
+        progress: bool = True,
+        prompt_ids: list[list[int]] | None = None,
+        stop_ids: int | list[int] | None = None,
+    ):
         """prompt_ids: the token ids of ``train_records``' prompts (None: rendered with the data template, the
         tokenizer adding BOS, as the tiny models are trained); stop_ids: where a rollout ends (None: the tokenizer's
         EOS). The post-hoc analyses of hub-model runs pass both (creditlab.models.sources: chat-template prompts and
@@ -119,8 +140,7 @@ class Trainer:
         self.device = _device(cfg.get("device", "auto"))
         self.lcfg = self.tcfg.get("lora") or {"enable": False}
         # LoRA: adapter init seeded by the run's seed alone (a resumed run rebuilds the same module)
-        self.peft = (lora.wrap_lora(model, self.lcfg, step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"]
-                     else None)
+        self.peft = lora.wrap_lora(model, self.lcfg, step_seed(cfg["seed"], 0, 30_000)) if self.lcfg["enable"] else None
         self.model = model.to(self.device)
         self.model.train()
         self.tok = tokenizer
@@ -130,17 +150,20 @@ class Trainer:
         self.log_fn = log_fn or (lambda m, s: None)
         self.progress = progress
         template = cfg["data"].get("template", "tiny")
-        self.prompt_ids = (prompt_ids if prompt_ids is not None else
-                           [tokenizer(render_record_prompt(r, template))["input_ids"] for r in train_records])
+        self.prompt_ids = (
+            prompt_ids
+            if prompt_ids is not None
+            else [tokenizer(render_record_prompt(r, template))["input_ids"] for r in train_records]
+        )
         if len(self.prompt_ids) != len(train_records):
             raise ValueError(f"{len(self.prompt_ids)} prompts for {len(train_records)} records")
         self.stop_ids = tokenizer.eos_token_id if stop_ids is None else stop_ids
         t = self.tcfg
         self.params = lora.trainable_parameters(self.model)  # all of them without LoRA; the adapter's with it
-        self.opt = torch.optim.AdamW(self.params, lr=t["lr"], betas=tuple(t["betas"]),
-                                     weight_decay=t["weight_decay"])
+        self.opt = torch.optim.AdamW(self.params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_lambda(s, t["lr_warmup_steps"], t["steps"], t["lr_schedule"]))
+            self.opt, lambda s: lr_lambda(s, t["lr_warmup_steps"], t["steps"], t["lr_schedule"])
+        )
         self.advantage_fn = registry.get("advantage", self.mcfg["advantage"])
         self.loss_fn = registry.get("policy_loss", self.mcfg["policy_loss"])
         self.batching_fn = registry.get("batching", t["batching"])
@@ -157,8 +180,9 @@ class Trainer:
         self.token_credit = TokenCredit(vocab)
         rb = t.get("reward_balance") or {}
         # reward-balanced batching (Paper C): groups wait in a buffer until a sign-balanced batch exists
-        self.rb_buffer = (RewardBalancedBuffer(t["prompts_per_step"], rb["rho"], rb["max_age"])
-                          if rb.get("enable") else None)
+        self.rb_buffer = (
+            RewardBalancedBuffer(t["prompts_per_step"], rb["rho"], rb["max_age"]) if rb.get("enable") else None
+        )
         self.rb_round = 0  # generation rounds so far (RB ages count rounds)
         self.step = 0
         self._t_reward = 0.0
@@ -231,9 +255,16 @@ class Trainer:
         self.model.eval()
         merge = self.peft is not None and self.lcfg.get("merge_for_sampling", False)
         with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
-            gen = generate(self.model, prompts, max_new_tokens=t["max_new_tokens"], eos_id=self.stop_ids,
-                           pad_id=self.tok.pad_token_id, temperature=t["temperature"], top_p=t["top_p"],
-                           seed=step_seed(self.cfg["seed"], step, gen_idx))
+            gen = generate(
+                self.model,
+                prompts,
+                max_new_tokens=t["max_new_tokens"],
+                eos_id=self.stop_ids,
+                pad_id=self.tok.pad_token_id,
+                temperature=t["temperature"],
+                top_p=t["top_p"],
+                seed=step_seed(self.cfg["seed"], step, gen_idx),
+            )
         self.model.train()
         texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)
         golds = [self.records[i]["answer"] for i in idx for _ in range(G)]
@@ -243,8 +274,10 @@ class Trainer:
         rewards = list(scores)
         ol = t["overlong"]
         if ol["enable"]:
-            rewards = [r + overlong_penalty(len(resp), t["max_new_tokens"], ol["buffer"], ol["penalty"])
-                       for r, resp in zip(rewards, gen.response_ids)]
+            rewards = [
+                r + overlong_penalty(len(resp), t["max_new_tokens"], ol["buffer"], ol["penalty"])
+                for r, resp in zip(rewards, gen.response_ids)
+            ]
         group_ids = [gen_idx * len(self.records) + i for i in idx for _ in range(G)]
         return Rollouts(prompts, gen.response_ids, gen.finished, scores, rewards, group_ids, golds)
 
@@ -269,8 +302,11 @@ class Trainer:
             batch = self._rollout_once(step, gen_idx)
             all_scores += batch.scores
         out = kept.take(t["prompts_per_step"] * G)
-        return out, info | {"n_gen_batches": float(gen_idx), "ds_groups_kept": len(out.rewards) / G,
-                            "train_reward_mean": float(np.mean(all_scores))}
+        return out, info | {
+            "n_gen_batches": float(gen_idx),
+            "ds_groups_kept": len(out.rewards) / G,
+            "train_reward_mean": float(np.mean(all_scores)),
+        }
 
     # ----------------------------------------------------------------------------- one step
     def train_step(self, step: int) -> dict[str, float]:
@@ -296,8 +332,9 @@ class Trainer:
         metrics.update(t_gen=t_gen, t_reward=self._t_reward, t_step=time.perf_counter() - t0)
         return metrics
 
-    def learn(self, step: int, ro: Rollouts,
-              adv_transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+    def learn(
+        self, step: int, ro: Rollouts, adv_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> dict[str, float]:
         """Steps 3-6 on a scored rollout batch: advantages, the old forward, credit, the PPO update.
 
         ``adv_transform`` (Tensor[B] -> Tensor[B]) rewrites the sequence advantages before anything uses
@@ -317,8 +354,11 @@ class Trainer:
         # the reference pass (adapter disabled) runs when a credit function takes its outputs, the random-
         # adapter control needs h^base, or trainer.lora.reference_pass=always; ONE forward gives ref log-probs
         # AND h^base
-        need_ref = bool(wanted & REF_INPUTS) or self.random_control or (
-            self.peft is not None and self.lcfg.get("reference_pass", "when_needed") == "always")
+        need_ref = (
+            bool(wanted & REF_INPUTS)
+            or self.random_control
+            or (self.peft is not None and self.lcfg.get("reference_pass", "when_needed") == "always")
+        )
         need_hidden = "hidden" in wanted or need_ref  # h^adapted: ARCA's residual is taken against it
         self.model.eval()  # the no-grad forwards are deterministic (no LoRA dropout)
         with torch.no_grad(), _autocast(self.device):
@@ -341,13 +381,21 @@ class Trainer:
         self.model.train()
 
         t_c = time.perf_counter()
-        inputs = CreditInputs(responses=batch.responses.to(self.device), mask=mask, old_logp=old.logp,
-                              advantages=adv.to(self.device), group_ids=group_ids.to(self.device),
-                              hidden=old.hidden, entropy=old.entropy, topk_logp=old.topk_logp,
-                              topk_ids=old.topk_ids, lm_head=self.model.get_output_embeddings().weight.detach(),
-                              rng=torch.Generator().manual_seed(step_seed(self.cfg["seed"], step, 20_000)),
-                              ref_logp=None if ref is None else ref.logp,
-                              base_hidden=None if ref is None else ref.hidden)
+        inputs = CreditInputs(
+            responses=batch.responses.to(self.device),
+            mask=mask,
+            old_logp=old.logp,
+            advantages=adv.to(self.device),
+            group_ids=group_ids.to(self.device),
+            hidden=old.hidden,
+            entropy=old.entropy,
+            topk_logp=old.topk_logp,
+            topk_ids=old.topk_ids,
+            lm_head=self.model.get_output_embeddings().weight.detach(),
+            rng=torch.Generator().manual_seed(step_seed(self.cfg["seed"], step, 20_000)),
+            ref_logp=None if ref is None else ref.logp,
+            base_hidden=None if ref is None else ref.hidden,
+        )
         weights = compose_credit(self.credit_fns, inputs)
         adv_tok = (adv.to(self.device)[:, None] * weights).detach()
         loss_mask = mask * compose_credit(self.token_filters, inputs)
@@ -375,8 +423,16 @@ class Trainer:
         seq_lengths = lengths + torch.tensor([len(p) for p in ro.prompts], dtype=torch.long)
         split: list[float] = []
         for _ in range(t["ppo_epochs"]):
-            minibatches = call_batching(self.batching_fn, group_ids, t["mini_batches"], gen, lengths=lengths,
-                                        seq_lengths=seq_lengths, advantages=adv, n_ranks=n_ranks)
+            minibatches = call_batching(
+                self.batching_fn,
+                group_ids,
+                t["mini_batches"],
+                gen,
+                lengths=lengths,
+                seq_lengths=seq_lengths,
+                advantages=adv,
+                n_ranks=n_ranks,
+            )
             split.append(groups_split_frac(minibatches, group_ids))
             for idx in minibatches:
                 mb = batch.select(idx)
@@ -394,8 +450,9 @@ class Trainer:
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 # cancellation diagnostic (Paper E): do the per-token gradients of tokens shared within a group cancel?
-                res = cancellation_residual(new.logp.grad, mb.responses.to(self.device), args[2],
-                                            group_ids[idx].to(self.device))
+                res = cancellation_residual(
+                    new.logp.grad, mb.responses.to(self.device), args[2], group_ids[idx].to(self.device)
+                )
                 st = st | {"cancel_rel_residual": res["rel_residual"], "cancel_group_coef_rel": res["group_coef_rel"]}
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t["grad_clip"])
                 self.opt.step()
@@ -417,15 +474,20 @@ class Trainer:
             loss_token_frac=(loss_mask.sum() / mask.sum().clamp(min=1)).item(),
             groups_split_frac=float(np.mean(split)),
             lr=self.sched.get_last_lr()[0],
-            t_old_forward=t_fwd, t_ref_forward=t_ref, t_credit=t_credit, t_diagnostics=t_diag, t_update=t_update,
+            t_old_forward=t_fwd,
+            t_ref_forward=t_ref,
+            t_credit=t_credit,
+            t_diagnostics=t_diag,
+            t_update=t_update,
         )
         return metrics
 
     def snapshot(self) -> dict[str, Any]:
         """A deep copy of everything an update changes (model, optimizer, scheduler): restore() it to
         run several updates from the same state (Paper C's probes)."""
-        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                              "scheduler": self.sched.state_dict()})
+        return copy.deepcopy(
+            {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        )
 
     def restore(self, snap: dict[str, Any]) -> None:
         self.model.load_state_dict(snap["model"])
@@ -443,9 +505,14 @@ class Trainer:
         def admit(rnd: int) -> None:
             new = pending.pop()
             gids = torch.tensor(new.group_ids, dtype=torch.long)
-            values, thr = rb_sign_values(rb["sign"], torch.tensor(new.rewards, dtype=torch.float32),
-                                         torch.tensor(new.scores, dtype=torch.float32), gids,
-                                         lambda r, g: self.advantage_fn(r, g, **kwargs), rb["reward_threshold"])
+            values, thr = rb_sign_values(
+                rb["sign"],
+                torch.tensor(new.rewards, dtype=torch.float32),
+                torch.tensor(new.scores, dtype=torch.float32),
+                gids,
+                lambda r, g: self.advantage_fn(r, g, **kwargs),
+                rb["reward_threshold"],
+            )
             for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
                 rows = [i for i, x in enumerate(new.group_ids) if x == g]
                 self.rb_buffer.add(_subset(new, rows), n_pos, n_neg, size, rnd)
@@ -455,9 +522,14 @@ class Trainer:
             extra.append(pending[-1])
 
         t_gen, extra = int(self.tcfg["max_gen_batches"]), []
-        chosen, stats, self.rb_round = rb_draw(self.rb_buffer, self.rb_round, admit=admit, refill=refill,
-                                               max_rounds=int(rb.get("max_rounds", 4)),
-                                               on_exhausted=rb.get("on_exhausted", "train_unbalanced"))
+        chosen, stats, self.rb_round = rb_draw(
+            self.rb_buffer,
+            self.rb_round,
+            admit=admit,
+            refill=refill,
+            max_rounds=int(rb.get("max_rounds", 4)),
+            on_exhausted=rb.get("on_exhausted", "train_unbalanced"),
+        )
         for k, part in enumerate(chosen):  # groups of different steps may share a prompt: renumber
             part.group_ids = [k] * len(part.group_ids)
         fields = Rollouts.__dataclass_fields__
@@ -492,9 +564,11 @@ def _check_whole_groups(mb_groups: torch.Tensor, all_groups: torch.Tensor, loss:
     ids, counts = torch.unique(mb_groups, return_counts=True)
     full = torch.stack([(all_groups == g).sum() for g in ids])
     if not torch.equal(counts.cpu(), full.cpu()):
-        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group, but batching {batching!r} split a "
-                         "group across mini-batches; use trainer.batching=query_preserved (or sequential with rollouts per "
-                         "mini-batch a multiple of the group size)")
+        raise ValueError(
+            f"policy loss {loss!r} couples the rollouts of a group, but batching {batching!r} split a "
+            "group across mini-batches; use trainer.batching=query_preserved (or sequential with rollouts per "
+            "mini-batch a multiple of the group size)"
+        )
 
 
 def _nanmean(values: list[float]) -> float:
@@ -516,8 +590,9 @@ def _informative_frac(rewards: list[float], G: int) -> float:
 
 def _subset(ro: Rollouts, rows: list[int]) -> Rollouts:
     # a field left empty (golds of a batch built without them) stays empty
-    return Rollouts(*[[getattr(ro, f)[j] for j in rows] if getattr(ro, f) else []
-                      for f in Rollouts.__dataclass_fields__])
+    return Rollouts(
+        *[[getattr(ro, f)[j] for j in rows] if getattr(ro, f) else [] for f in Rollouts.__dataclass_fields__]
+    )
 
 
 class _Filtered:

@@ -73,9 +73,14 @@ def device_of(run_cfg: dict | None) -> str:
 
 def cpu_env() -> dict[str, str]:
     """Environment of a CPU verl run (added to the job's; every Ray worker inherits it through the runtime env)."""
-    return {"VERL_PLATFORM": PLATFORM, "VERL_ENGINE_DEVICE": "cuda",  # the FSDP engines register for cuda only
-            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-            "RAY_DEDUP_LOGS": "0"}
+    return {
+        "VERL_PLATFORM": PLATFORM,
+        "VERL_ENGINE_DEVICE": "cuda",  # the FSDP engines register for cuda only
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_DEDUP_LOGS": "0",
+    }
 
 
 def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
@@ -109,8 +114,11 @@ def cpu_overrides(run_cfg: dict) -> dict[str, Any]:
         o[f"{arr}.{role}.use_torch_compile"] = False
         o[f"{arr}.{role}.fsdp_config.use_torch_compile"] = False  # what the FSDP engine reads (torch.compile of the
         #   entropy at transformer_impl.py:183-187): on a CPU a ~10 s compile in the first old-log-prob pass
-        o[f"+{arr}.{role}.fsdp_config.mixed_precision"] = {"param_dtype": "fp32", "reduce_dtype": "fp32",
-                                                           "buffer_dtype": "fp32"}
+        o[f"+{arr}.{role}.fsdp_config.mixed_precision"] = {
+            "param_dtype": "fp32",
+            "reduce_dtype": "fp32",
+            "buffer_dtype": "fp32",
+        }
         #   verl computes in bf16 whatever fsdp_config.dtype says (mixed_precision None -> param_dtype bf16,
         #   transformer_impl.py:391-399): on a CPU bf16 is slow, and it would put bf16 rounding (~0.03 on hidden
         #   states of size 10) between the actor and the float32 CPU rollout, and into ARCA's residual
@@ -135,10 +143,19 @@ def _segments(position_ids: torch.Tensor, length: int) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], length]))
 
 
-def varlen_sdpa_attention(query_states: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor,
-                          attention_mask: torch.Tensor | None, query_length: int, *args: Any,
-                          position_ids: torch.Tensor | None = None, is_causal: bool = True,
-                          softmax_scale: float | None = None, dropout: float = 0.0, **kwargs: Any) -> torch.Tensor:
+def varlen_sdpa_attention(
+    query_states: torch.Tensor,
+    key_states: torch.Tensor,
+    value_states: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    query_length: int,
+    *args: Any,
+    position_ids: torch.Tensor | None = None,
+    is_causal: bool = True,
+    softmax_scale: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> torch.Tensor:
     """transformers' ``_flash_attention_forward`` contract on a CPU: q (B, S, H, D), k/v (B, S, Hk, D) ->
     (B, S, H, D), causal attention within each packed sequence (split where ``position_ids`` restart at 0), GQA by
     repeating k/v heads. A padded batch (``attention_mask`` (B, S), 1 = token) attends over its real tokens only.
@@ -162,8 +179,7 @@ def varlen_sdpa_attention(query_states: torch.Tensor, key_states: torch.Tensor, 
                 if idx.numel() == 0:
                     continue
                 q_, k_, v_ = q_[:, idx], k_[:, idx], v_[:, idx]
-            o = F.scaled_dot_product_attention(q_, k_, v_, is_causal=is_causal, scale=softmax_scale,
-                                               dropout_p=dropout)
+            o = F.scaled_dot_product_attention(q_, k_, v_, is_causal=is_causal, scale=softmax_scale, dropout_p=dropout)
             if keep is not None:
                 out[b, s + idx] = o.transpose(0, 1).to(out.dtype)
             else:
@@ -180,8 +196,10 @@ def check_verl() -> None:
     import verl
 
     if getattr(verl, "__version__", None) != VERL_VERSION:
-        raise VerlMoved(f"creditlab.engines.verl.cpu patches verl {VERL_VERSION} internals; found verl "
-                        f"{getattr(verl, '__version__', '?')}: re-check the three points in this module's docstring")
+        raise VerlMoved(
+            f"creditlab.engines.verl.cpu patches verl {VERL_VERSION} internals; found verl "
+            f"{getattr(verl, '__version__', '?')}: re-check the three points in this module's docstring"
+        )
     from verl.models.transformers import monkey_patch
     from verl.utils import distributed
     from verl.workers.engine.fsdp import transformer_impl
@@ -190,14 +208,20 @@ def check_verl() -> None:
     src = inspect.getsource(distributed.initialize_global_process_group_ray)
     if params != ["timeout_second", "backend"] or 'f"cpu:gloo,{get_device_name()}' not in src:
         raise VerlMoved("verl/utils/distributed.py initialize_global_process_group_ray changed (point 1)")
-    if not hasattr(transformer_impl, "CPUOffloadPolicy") or "CPUOffloadPolicy(pin_memory=True)" not in \
-            inspect.getsource(transformer_impl):
-        raise VerlMoved("verl/workers/engine/fsdp/transformer_impl.py no longer builds CPUOffloadPolicy(pin_memory="
-                        "True) from its module-level name (point 2)")
-    if not hasattr(monkey_patch, "_flash_attention_forward") or \
-            "_flash_attention_forward(" not in inspect.getsource(monkey_patch._ulysses_flash_attention_forward):
-        raise VerlMoved("verl/models/transformers/monkey_patch.py: _ulysses_flash_attention_forward no longer calls "
-                        "the module-level _flash_attention_forward (point 3)")
+    if not hasattr(
+        transformer_impl, "CPUOffloadPolicy"
+    ) or "CPUOffloadPolicy(pin_memory=True)" not in inspect.getsource(transformer_impl):
+        raise VerlMoved(
+            "verl/workers/engine/fsdp/transformer_impl.py no longer builds CPUOffloadPolicy(pin_memory="
+            "True) from its module-level name (point 2)"
+        )
+    if not hasattr(monkey_patch, "_flash_attention_forward") or "_flash_attention_forward(" not in inspect.getsource(
+        monkey_patch._ulysses_flash_attention_forward
+    ):
+        raise VerlMoved(
+            "verl/models/transformers/monkey_patch.py: _ulysses_flash_attention_forward no longer calls "
+            "the module-level _flash_attention_forward (point 3)"
+        )
 
 
 def _patch_internals() -> None:
@@ -212,6 +236,7 @@ def _patch_internals() -> None:
     fn.__defaults__ = (fn.__defaults__[0] if fn.__defaults__ else None, "gloo")
 
     if not getattr(transformer_impl.CPUOffloadPolicy, "creditlab_no_pin", False):  # point 2
+
         class UnpinnedCPUOffloadPolicy(CPUOffloadPolicy):
             creditlab_no_pin = True
 
@@ -422,7 +447,7 @@ def _hf_name(name: str, own: dict) -> str:
     """A synced tensor's name in the rollout model's state dict (peft / FSDP wrapper prefixes dropped)."""
     for prefix in ("base_model.model.", "_fsdp_wrapped_module.", "module."):
         if name not in own and name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     return name.replace(".base_layer.", ".") if name not in own else name
 
 
@@ -436,8 +461,9 @@ class CPURolloutServer:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                          attn_implementation="sdpa").eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
         self.response_length = int(response_length)
         self.eos_ids = [int(i) for i in eos_ids]
         self.pad_id = int(pad_id)
@@ -464,8 +490,9 @@ class CPURolloutServer:
         with self._lock:
             self._requests.clear()  # new weights: seeds restart per (prompt, step)
         checksum = float(sum(p.double().sum().item() for p in self.model.parameters()))
-        self.syncs.append({"version": self.version, "global_steps": global_steps, "tensors": len(state),
-                           "checksum": checksum})
+        self.syncs.append(
+            {"version": self.version, "global_steps": global_steps, "tensors": len(state), "checksum": checksum}
+        )
         return self.syncs[-1]
 
     def sync_log(self) -> list[dict[str, Any]]:
@@ -480,26 +507,36 @@ class CPURolloutServer:
         temperature = float(sampling_params.get("temperature", 1.0))
         greedy = temperature <= 0
         top_k = int(sampling_params.get("top_k", -1) or -1)
-        max_new = int(sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens")
-                      or self.response_length)
+        max_new = int(
+            sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens") or self.response_length
+        )
         with self._lock:
             slot = (tuple(prompt_ids), self.global_steps)
             k = self._requests.get(slot, 0)
             self._requests[slot] = k + 1
-        gen = generate(self.model, [list(prompt_ids)], max_new_tokens=max_new, eos_id=self.eos_ids[0],
-                       pad_id=self.pad_id, greedy=greedy, temperature=1.0 if greedy else temperature,
-                       top_p=float(sampling_params.get("top_p", 1.0)), top_k=max(0, top_k),
-                       seed=_seed_of(list(prompt_ids), self.global_steps, k))
+        gen = generate(
+            self.model,
+            [list(prompt_ids)],
+            max_new_tokens=max_new,
+            eos_id=self.eos_ids[0],
+            pad_id=self.pad_id,
+            greedy=greedy,
+            temperature=1.0 if greedy else temperature,
+            top_p=float(sampling_params.get("top_p", 1.0)),
+            top_k=max(0, top_k),
+            seed=_seed_of(list(prompt_ids), self.global_steps, k),
+        )
         resp = list(gen.response_ids[0])
         cut = next((i for i, t in enumerate(resp) if t in self.eos_ids), None)
         if cut is not None:
-            resp = resp[:cut + 1]
+            resp = resp[: cut + 1]
         ids = torch.tensor([list(prompt_ids) + resp])
-        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
         logp = torch.log_softmax(logits / (1.0 if greedy else temperature), -1)
         lp = logp.gather(-1, torch.tensor(resp)[:, None]).reshape(-1).tolist() if resp else []
-        return TokenOutput(token_ids=resp, log_probs=lp, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        return TokenOutput(
+            token_ids=resp, log_probs=lp, stop_reason="completed", extra_fields={"global_steps": self.global_steps}
+        )
 
     # verl's control calls: nothing to release on a CPU
     async def wake_up(self):
@@ -559,8 +596,11 @@ def _replica_class() -> type:
             path = getattr(self.model_config, "local_path", None) or self.model_config.path
             eos, pad = _stop_ids(path)
             name = f"{SERVER_PREFIX}{self.replica_rank}"
-            server = ray.remote(CPURolloutServer).options(name=name, num_cpus=0, max_concurrency=16).remote(
-                path, self.config.response_length, eos, pad)
+            server = (
+                ray.remote(CPURolloutServer)
+                .options(name=name, num_cpus=0, max_concurrency=16)
+                .remote(path, self.config.response_length, eos, pad)
+            )
             self.servers = [server]
             self._server_handle = server
             self._server_address = name
@@ -588,8 +628,11 @@ class CPUServerAdapter(_BaseRollout):
     def __init__(self, config, model_config, device_mesh, *args, **kwargs):
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", 0))
-        world = int(self.config.tensor_model_parallel_size) * int(self.config.data_parallel_size) * \
-            int(self.config.pipeline_model_parallel_size)
+        world = (
+            int(self.config.tensor_model_parallel_size)
+            * int(self.config.data_parallel_size)
+            * int(self.config.pipeline_model_parallel_size)
+        )
         self.replica_rank, self.rollout_rank = rank // world, rank % world
         self.sleep_level = 1
 
@@ -599,13 +642,16 @@ class CPUServerAdapter(_BaseRollout):
     async def release(self):
         return None
 
-    async def update_weights(self, weights, wire_format: str = "named_tensors", peft_config=None,
-                             global_steps: int | None = None, **kwargs):
+    async def update_weights(
+        self, weights, wire_format: str = "named_tensors", peft_config=None, global_steps: int | None = None, **kwargs
+    ):
         if wire_format != "named_tensors":
             raise NotImplementedError(f"weight sync wire format {wire_format!r} on the CPU rollout")
         if peft_config is not None:
-            raise NotImplementedError("LoRA adapters on the CPU rollout: verl syncs adapter weights separately; set "
-                                      "actor_rollout_ref.model.lora.merge=true (the launcher does on CPU runs)")
+            raise NotImplementedError(
+                "LoRA adapters on the CPU rollout: verl syncs adapter weights separately; set "
+                "actor_rollout_ref.model.lora.merge=true (the launcher does on CPU runs)"
+            )
         state = {}
         for name, tensor in weights:  # every rank takes part in gathering the full tensors
             if self.rollout_rank == 0:

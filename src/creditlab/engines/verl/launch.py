@@ -105,12 +105,23 @@ class RunPaths:
         """The deterministic paths of the run of `run_cfg` under `results` (creditlab.paths patterns)."""
         key = run_cfg["run"]["key"]
         scale, backbone, run, seed = _split_key(key)
-        fill = dict(results=os.path.abspath(results), scale=scale, backbone=backbone, run=run, seed=seed,
-                    dataset=run_cfg["data"]["name"])
+        fill = dict(
+            results=os.path.abspath(results),
+            scale=scale,
+            backbone=backbone,
+            run=run,
+            seed=seed,
+            dataset=run_cfg["data"]["name"],
+        )
         run_dir = paths.fmt(paths.RUN_DIR, **fill)
-        return cls(run_dir=run_dir, ckpt_dir=paths.fmt(paths.CKPT_DIR, **fill), config_path=run_dir / "config.yaml",
-                   train_files=(paths.fmt(paths.VERL_TRAIN, **fill),), val_files=(paths.fmt(paths.VERL_VAL, **fill),),
-                   model_path=model_path or run_cfg["model"]["hf_id"])
+        return cls(
+            run_dir=run_dir,
+            ckpt_dir=paths.fmt(paths.CKPT_DIR, **fill),
+            config_path=run_dir / "config.yaml",
+            train_files=(paths.fmt(paths.VERL_TRAIN, **fill),),
+            val_files=(paths.fmt(paths.VERL_VAL, **fill),),
+            model_path=model_path or run_cfg["model"]["hf_id"],
+        )
 
 
 def _split_key(key: str) -> tuple[str, str, str, int]:
@@ -141,8 +152,10 @@ def merge_overrides(ours: Iterable[str], plugin: Iterable[str]) -> list[str]:
 def _ppo_mini_batch(t: Mapping[str, Any]) -> int:
     prompts, mini = int(t["prompts_per_step"]), int(t["mini_batches"])
     if mini < 1 or prompts % mini:
-        raise LaunchError(f"trainer.prompts_per_step={prompts} is not divisible by trainer.mini_batches={mini}: "
-                          "verl's ppo_mini_batch_size is a whole number of prompts")
+        raise LaunchError(
+            f"trainer.prompts_per_step={prompts} is not divisible by trainer.mini_batches={mini}: "
+            "verl's ppo_mini_batch_size is a whole number of prompts"
+        )
     return prompts // mini
 
 
@@ -167,35 +180,46 @@ def preflight(run_cfg: Mapping[str, Any]) -> None:
     sp, tp = int(v["ulysses_sp"]), int(v["rollout_tp"])
     where = f"{run_cfg['run']['key']}: "
     if gpus % sp or gpus % tp:
-        raise LaunchError(f"{where}{gpus} GPUs (model.verl.nnodes x n_gpus_per_node) are not a multiple of "
-                          f"model.verl.ulysses_sp={sp} and model.verl.rollout_tp={tp}")
+        raise LaunchError(
+            f"{where}{gpus} GPUs (model.verl.nnodes x n_gpus_per_node) are not a multiple of "
+            f"model.verl.ulysses_sp={sp} and model.verl.rollout_tp={tp}"
+        )
     dp = gpus // sp
     g = int(t["group_size"])
     mini = _ppo_mini_batch(t)
     if (mini * g) % dp or (int(t["prompts_per_step"]) * g) % dp:
-        raise LaunchError(f"{where}a mini-batch of {mini} prompts x {g} rollouts (and the rollout batch of "
-                          f"{t['prompts_per_step']} prompts) does not split over {dp} data-parallel ranks "
-                          f"({gpus} GPUs / sp {sp})")
+        raise LaunchError(
+            f"{where}a mini-batch of {mini} prompts x {g} rollouts (and the rollout batch of "
+            f"{t['prompts_per_step']} prompts) does not split over {dp} data-parallel ranks "
+            f"({gpus} GPUs / sp {sp})"
+        )
     window, prompt, response = context_window(m), int(t["max_prompt_tokens"]), int(t["max_new_tokens"])
     if prompt + response > window:
-        raise LaunchError(f"{where}trainer.max_prompt_tokens + max_new_tokens = {prompt + response} > the context "
-                          f"window {window} of {m['name']} (model.override_config.max_position_embeddings extends it)")
+        raise LaunchError(
+            f"{where}trainer.max_prompt_tokens + max_new_tokens = {prompt + response} > the context "
+            f"window {window} of {m['name']} (model.override_config.max_position_embeddings extends it)"
+        )
     evaluation = prompt + int(e["max_new_tokens"])
     if evaluation > window:
-        raise LaunchError(f"{where}trainer.max_prompt_tokens + eval.max_new_tokens = {evaluation} > the context window "
-                          f"{window} of {m['name']}")
+        raise LaunchError(
+            f"{where}trainer.max_prompt_tokens + eval.max_new_tokens = {evaluation} > the context window "
+            f"{window} of {m['name']}"
+        )
     ol = t["overlong"]
     if ol["enable"] and not 0 < int(ol["buffer"]) <= response:
         raise LaunchError(f"{where}trainer.overlong.buffer={ol['buffer']} must be in (0, max_new_tokens={response}]")
     if run_cfg["method"].get("advantage", "grpo") not in ADVANTAGES:
-        raise LaunchError(f"{where}method.advantage={run_cfg['method'].get('advantage')!r} has no verl estimator; "
-                          f"choices: {sorted(ADVANTAGES)}")
+        raise LaunchError(
+            f"{where}method.advantage={run_cfg['method'].get('advantage')!r} has no verl estimator; "
+            f"choices: {sorted(ADVANTAGES)}"
+        )
     if t["lr_schedule"] not in LR_SCHEDULES:
         raise LaunchError(f"{where}trainer.lr_schedule={t['lr_schedule']!r}; choices: {sorted(LR_SCHEDULES)}")
 
 
-def verl_overrides(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: bool = True,
-                   num_cpus: int | None = None) -> list[str]:
+def verl_overrides(
+    run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow: bool = True, num_cpus: int | None = None
+) -> list[str]:
     """creditlab's own verl overrides of a run (without the plug-in's); see the module docstring for the mapping."""
     preflight(run_cfg)
     t, m, e, meth = run_cfg["trainer"], run_cfg["model"], run_cfg["eval"], run_cfg["method"]
@@ -336,10 +360,16 @@ def load_plugin_overrides() -> Callable[[Mapping[str, Any]], list[str]]:
         ) from err
 
 
-def verl_command(run_cfg: Mapping[str, Any], run_paths: RunPaths, *, mlflow_run_id: str | None = None,
-                 tracking_uri: str | None = None, python: str = sys.executable, num_cpus: int | None = None,
-                 plugin_overrides: Callable[[Mapping[str, Any]], Iterable[str]] | None = None
-                 ) -> tuple[list[str], dict[str, str]]:
+def verl_command(
+    run_cfg: Mapping[str, Any],
+    run_paths: RunPaths,
+    *,
+    mlflow_run_id: str | None = None,
+    tracking_uri: str | None = None,
+    python: str = sys.executable,
+    num_cpus: int | None = None,
+    plugin_overrides: Callable[[Mapping[str, Any]], Iterable[str]] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """(argv, env) that train `run_cfg` with verl: ``python -m creditlab.engines.verl.main <overrides>``, wrapped in
     ``python -m creditlab.engines.verl.ray_slurm --gpus-per-node G --`` when the run spans several nodes.
 
@@ -377,12 +407,21 @@ def steps_done(ckpt_dir: str | Path) -> int:
     return int(path.read_text().strip()) if path.is_file() else 0
 
 
-def merge_command(ckpt_dir: str | Path, step: int, target_dir: str | Path, python: str = sys.executable
-                  ) -> list[str]:
+def merge_command(ckpt_dir: str | Path, step: int, target_dir: str | Path, python: str = sys.executable) -> list[str]:
     """verl's model merger: the FSDP actor shards of `step` -> a Hugging Face model in `target_dir` (run_dir/final)."""
     actor = Path(ckpt_dir) / f"global_step_{int(step)}" / "actor"
-    return [python, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor),
-            "--target_dir", str(target_dir)]
+    return [
+        python,
+        "-m",
+        "verl.model_merger",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        str(actor),
+        "--target_dir",
+        str(target_dir),
+    ]
 
 
 def merge_env(run_cfg: Mapping[str, Any]) -> dict[str, str]:

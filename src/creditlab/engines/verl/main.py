@@ -32,18 +32,29 @@ os.environ["VERL_USE_EXTERNAL_MODULES"] = _with_plugin(os.environ.get("VERL_USE_
 import hydra  # noqa: E402
 import ray  # noqa: E402
 from omegaconf import DictConfig, OmegaConf, open_dict  # noqa: E402
-
-from creditlab.engines.verl.plugin import ENV_RUN_CONFIG, TRAINER_MODE, run_config  # noqa: E402
-from creditlab.engines.verl import plugin as _plugin  # noqa: E402
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo  # noqa: E402
 from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
 from verl.utils.config import validate_config  # noqa: E402
 from verl.utils.device import auto_set_device  # noqa: E402
 
+from creditlab.engines.verl import plugin as _plugin  # noqa: E402
+from creditlab.engines.verl.plugin import ENV_RUN_CONFIG, TRAINER_MODE, run_config  # noqa: E402
+
 assert _plugin.PLUGIN_MODULE == PLUGIN_MODULE
-FORWARDED_ENV = ("VERL_USE_EXTERNAL_MODULES", ENV_RUN_CONFIG, "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                 "VERL_PLATFORM", "VERL_ENGINE_DEVICE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-                 "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
+FORWARDED_ENV = (
+    "VERL_USE_EXTERNAL_MODULES",
+    ENV_RUN_CONFIG,
+    "PYTHONPATH",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "VERL_PLATFORM",
+    "VERL_ENGINE_DEVICE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_RUN_ID",
+)
 """Environment variables every Ray worker must see (set in the job's runtime_env)."""
 
 
@@ -70,8 +81,10 @@ def prepare(config: DictConfig) -> dict:
     run_cfg = run_config(path)
     os.environ[ENV_RUN_CONFIG] = path
     if config.trainer.v1.trainer_mode != TRAINER_MODE or not config.trainer.use_v1:
-        raise ValueError(f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} with trainer.use_v1=true: append "
-                         "creditlab.engines.verl.plugin.plugin_overrides(run_cfg) to the overrides")
+        raise ValueError(
+            f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} with trainer.use_v1=true: append "
+            "creditlab.engines.verl.plugin.plugin_overrides(run_cfg) to the overrides"
+        )
     env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     with open_dict(config):
         rt = config.ray_kwargs.ray_init.runtime_env

@@ -42,12 +42,15 @@ def verl_minibatches(n_rollouts: int, dp_size: int, mini_batch_size: int) -> lis
     the m-th slice of every rank. Returns M lists of row positions.
     """
     per_rank, per_mb = n_rollouts // dp_size, mini_batch_size // dp_size
-    return [[r * per_rank + m * per_mb + j for r in range(dp_size) for j in range(per_mb)]
-            for m in range(per_rank // per_mb)]
+    return [
+        [r * per_rank + m * per_mb + j for r in range(dp_size) for j in range(per_mb)]
+        for m in range(per_rank // per_mb)
+    ]
 
 
-def qb_order(group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: int,
-             generator: torch.Generator) -> tuple[list[int], list[list[int]]]:
+def qb_order(
+    group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: int, generator: torch.Generator
+) -> tuple[list[int], list[list[int]]]:
     """Query-preserved order of a rollout batch for verl (Paper C's QB).
 
     creditlab's ``partition_bins(..., whole_groups=True)`` (the QB of ``algos/batching.py``) assigns whole
@@ -63,9 +66,11 @@ def qb_order(group_ids: Tensor, workloads: Tensor, n_minibatches: int, dp_size: 
     size = B // (n_minibatches * dp_size)
     sizes = sorted({int(b.numel()) for row in bins for b in row})
     if B % (n_minibatches * dp_size) or sizes != [size]:
-        raise ValueError(f"query-preserved batching cannot cut {B} rollouts into {n_minibatches} mini-batches x "
-                         f"{dp_size} ranks of whole groups (bin sizes {sizes}, needed {size}): the prompts per "
-                         "mini-batch (actor.ppo_mini_batch_size) must be a multiple of the data-parallel size")
+        raise ValueError(
+            f"query-preserved batching cannot cut {B} rollouts into {n_minibatches} mini-batches x "
+            f"{dp_size} ranks of whole groups (bin sizes {sizes}, needed {size}): the prompts per "
+            "mini-batch (actor.ppo_mini_batch_size) must be a multiple of the data-parallel size"
+        )
     per_rank = [[int(i) for m in range(n_minibatches) for i in bins[m][r]] for r in range(dp_size)]
     return [i for part in per_rank for i in part], per_rank
 
@@ -84,8 +89,10 @@ def sequential_order(group_ids: Tensor, n_minibatches: int, dp_size: int) -> tup
     """
     B = group_ids.numel()
     if n_minibatches < 1 or B % (n_minibatches * dp_size):
-        raise ValueError(f"sequential batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches x "
-                         f"{dp_size} ranks (verl would pad the batch with synthetic rollouts)")
+        raise ValueError(
+            f"sequential batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches x "
+            f"{dp_size} ranks (verl would pad the batch with synthetic rollouts)"
+        )
     first: dict[int, list[int]] = {}
     for i, g in enumerate(group_ids.tolist()):
         first.setdefault(g, []).append(i)
@@ -104,6 +111,7 @@ def content_order(prompts: list[Tensor], responses: list[Tensor]) -> list[int]:
     server decides; every order built on it (sequential, QB, sign, verl's balancing, which breaks ties by position)
     then differs between an uninterrupted and a resumed run of the same seed. prompts, responses: B token-id tensors.
     Returns a permutation of range(B)."""
+
     def digest(t: Tensor) -> bytes:
         return hashlib.sha256(t.detach().to("cpu", torch.int64).numpy().tobytes()).digest()
 
@@ -111,8 +119,9 @@ def content_order(prompts: list[Tensor], responses: list[Tensor]) -> list[int]:
     return sorted(range(len(keys)), key=keys.__getitem__)
 
 
-def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
-               generator: torch.Generator) -> tuple[list[int], list[list[int]], int]:
+def sign_order(
+    advantages: Tensor, n_minibatches: int, dp_size: int, generator: torch.Generator
+) -> tuple[list[int], list[list[int]], int]:
     """Paper C's sign-partitioned control ("broken cancellation") laid out for verl's equal mini-batches.
 
     The local engine (``algos.batching.sign_partitioned_minibatches``) gives each sign side its own mini-batches,
@@ -126,8 +135,10 @@ def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
     """
     B = advantages.numel()
     if n_minibatches < 1 or B % (n_minibatches * dp_size):
-        raise ValueError(f"sign-partitioned batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches "
-                         f"x {dp_size} ranks (verl would pad the batch with synthetic rollouts)")
+        raise ValueError(
+            f"sign-partitioned batching cannot cut {B} rollouts into {n_minibatches} equal mini-batches "
+            f"x {dp_size} ranks (verl would pad the batch with synthetic rollouts)"
+        )
     pos = torch.nonzero(advantages > 0).flatten()
     rest = torch.nonzero(advantages <= 0).flatten()
     sides = [s[torch.randperm(s.numel(), generator=generator)] for s in (pos, rest)]
@@ -136,7 +147,7 @@ def sign_order(advantages: Tensor, n_minibatches: int, dp_size: int,
     seq = torch.cat(sides)
     positive = advantages[seq] > 0
     mbs = list(seq.chunk(n_minibatches))
-    mixed = sum(int(positive[m * len(mb):(m + 1) * len(mb)].unique().numel() > 1) for m, mb in enumerate(mbs))
+    mixed = sum(int(positive[m * len(mb) : (m + 1) * len(mb)].unique().numel() > 1) for m, mb in enumerate(mbs))
     per_rank = [[int(i) for mb in mbs for i in mb.chunk(dp_size)[r]] for r in range(dp_size)]
     return [i for part in per_rank for i in part], per_rank, mixed
 
@@ -168,4 +179,3 @@ def flip_metrics(delta: Tensor, mask: Tensor, adv: Tensor, eps: float) -> dict[s
     for side, fr in flip_fractions(delta, mask, adv, eps).items():
         out.update({f"creditlab/flip/{side}/{k}": float(v) for k, v in fr.items() if k != "n"})
     return out
-

@@ -42,8 +42,14 @@ import yaml
 from torch import Tensor
 
 from creditlab.algos import registry
-from creditlab.algos.credit.base import (REF_INPUTS, CreditInputs, compose_credit, credit_inputs_of, method_entries,
-                                         required_inputs_of)
+from creditlab.algos.credit.base import (
+    REF_INPUTS,
+    CreditInputs,
+    compose_credit,
+    credit_inputs_of,
+    method_entries,
+    required_inputs_of,
+)
 from creditlab.algos.losses import AGG_MODES
 from creditlab.engines.verl.sizing import token_len_per_gpu, verl_sizes
 
@@ -67,8 +73,23 @@ WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "top
 """CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
 function or token filter naming one of them runs inside the workers' old-log-prob pass."""
 """CreditInputs from the reference pass (the forward with the LoRA adapter disabled)."""
-VERL_PROVIDED = frozenset({"responses", "mask", "old_logp", "advantages", "group_ids", "entropy", "rng",
-                           "hidden", "ref_logp", "base_hidden", "topk_logp", "topk_ids", "lm_head"})
+VERL_PROVIDED = frozenset(
+    {
+        "responses",
+        "mask",
+        "old_logp",
+        "advantages",
+        "group_ids",
+        "entropy",
+        "rng",
+        "hidden",
+        "ref_logp",
+        "base_hidden",
+        "topk_logp",
+        "topk_ids",
+        "lm_head",
+    }
+)
 """CreditInputs the verl engine provides (ref_logp / base_hidden only with LoRA: ``trainer.lora.enable``; the top-K
 next-token log-probs and the LM-head weight on the workers, for a credit entry that sets ``topk``: DelTA's
 ``topk_proxy``, workers.topk_logprobs)."""
@@ -160,7 +181,7 @@ def loss_name(loss_mode: str) -> str | None:
     """creditlab's loss name of a verl ``policy_loss.loss_mode`` (``creditlab_dfpo`` -> ``dfpo``); None for verl's."""
     if not loss_mode.startswith(PREFIX):
         return None
-    name = loss_mode[len(PREFIX):]
+    name = loss_mode[len(PREFIX) :]
     return name if name in registry.names("policy_loss") else None
 
 
@@ -206,8 +227,10 @@ def micro_batch_group_ids(data: Any) -> Tensor:
     """Tensor[B] long group ids of a verl micro-batch (TensorDict) from its ``uid`` field (verl's prompt uid per
     rollout; a non-tensor stack that ``tu.index_select_tensor_dict`` / ``chunk_tensordict`` slice row by row)."""
     if "uid" not in data.keys():  # noqa: SIM118 - a TensorDict has no `in`
-        raise ValueError("the micro-batch has no `uid` field (verl's prompt uid of every rollout): a group-coupled "
-                         "policy loss cannot tell the groups apart")
+        raise ValueError(
+            "the micro-batch has no `uid` field (verl's prompt uid of every rollout): a group-coupled "
+            "policy loss cannot tell the groups apart"
+        )
     return group_index(list(data["uid"]))
 
 
@@ -276,35 +299,49 @@ def verl_policy_loss(name: str, loss_kwargs: dict | None = None) -> Callable[...
     grouped = needs_group_ids(name)
     takes_tokens = "responses" in inspect.signature(fn).parameters
 
-    def loss(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-             loss_agg_mode: str = "token-mean", config: Any = None, rollout_is_weights: Tensor | None = None):
+    def loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ):
         kwargs = dict(method_kwargs("policy_loss", name, run_config()) if loss_kwargs is None else loss_kwargs)
         agg = kwargs.pop("agg", loss_agg_mode)
         if agg != loss_agg_mode:
-            raise ValueError(f"method.loss_kwargs.agg={agg!r} but verl's actor.loss_agg_mode={loss_agg_mode!r}; "
-                             "plugin_overrides() sets the verl key from the run config")
+            raise ValueError(
+                f"method.loss_kwargs.agg={agg!r} but verl's actor.loss_agg_mode={loss_agg_mode!r}; "
+                "plugin_overrides() sets the verl key from the run config"
+            )
         if agg not in AGG_MODES:
             raise ValueError(f"loss aggregation {agg!r} has no creditlab form; valid choices: {list(AGG_MODES)}")
         if rollout_is_weights is not None:
-            raise NotImplementedError("creditlab losses take no rollout importance weights "
-                                      "(algorithm.rollout_correction must stay off)")
+            raise NotImplementedError(
+                "creditlab losses take no rollout importance weights (algorithm.rollout_correction must stay off)"
+            )
         mask = response_mask.to(log_prob.dtype)
         info = dict(getattr(config, "global_batch_info", None) or {})
         denom, scale = _global_scale(mask, agg, info)
         if grouped:
             gids = current_group_ids()
             if gids is None:
-                raise ValueError(f"policy loss {name!r} couples the rollouts of a group and needs the group ids of the "
-                                 "micro-batch: verl's ppo_loss must run inside plugin.with_group_ids (creditlab's "
-                                 "worker, workers.CreditlabActorRolloutRefWorker, installs it)")
+                raise ValueError(
+                    f"policy loss {name!r} couples the rollouts of a group and needs the group ids of the "
+                    "micro-batch: verl's ppo_loss must run inside plugin.with_group_ids (creditlab's "
+                    "worker, workers.CreditlabActorRolloutRefWorker, installs it)"
+                )
             if gids.shape != log_prob.shape[:1]:
                 raise ValueError(f"{gids.numel()} group ids for a micro-batch of {log_prob.shape[0]} rows")
             kwargs["group_ids"] = gids.to(log_prob.device)
         if takes_tokens:
             resp = current_responses(log_prob.shape[1])
             if resp is None:
-                raise ValueError(f"policy loss {name!r} needs the token ids of the micro-batch (verl's `responses`): "
-                                 "verl's ppo_loss must run inside plugin.with_group_ids on a micro-batch with them")
+                raise ValueError(
+                    f"policy loss {name!r} needs the token ids of the micro-batch (verl's `responses`): "
+                    "verl's ppo_loss must run inside plugin.with_group_ids on a micro-batch with them"
+                )
             if resp.shape[0] != log_prob.shape[0]:
                 raise ValueError(f"{resp.shape[0]} responses for a micro-batch of {log_prob.shape[0]} rows")
             kwargs["responses"] = resp.to(log_prob.device)
@@ -357,9 +394,13 @@ def verl_advantage(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
 # credit folding (driver side)
 
 
-def fold_credit(inputs: CreditInputs, credit: list[tuple[Callable, dict]], token_filters: list[tuple[Callable, dict]],
-                worker_weights: Tensor | None = None, worker_filter: Tensor | None = None
-                ) -> tuple[Tensor, Tensor, Tensor]:
+def fold_credit(
+    inputs: CreditInputs,
+    credit: list[tuple[Callable, dict]],
+    token_filters: list[tuple[Callable, dict]],
+    worker_weights: Tensor | None = None,
+    worker_filter: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token advantages and loss mask for verl's loss, from the run's credit functions and token filters.
 
     weights  w = prod(credit functions run here) * worker_weights (those that ran in the workers)
@@ -410,16 +451,20 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     batching = t.get("batching", "verl_default")
     ordered = (*GROUP_BATCHINGS, "sign_partitioned")  # orders our trainer lays out for verl's contiguous cuts
     if batching not in ("verl_default", *ordered):
-        raise ValueError(f"trainer.batching={batching!r} is not supported on the verl engine (random and "
-                         "token_balanced are local-engine orders; verl_default is verl's own balancing, what the "
-                         f"papers ran); valid choices: {['verl_default', *ordered]}")
+        raise ValueError(
+            f"trainer.batching={batching!r} is not supported on the verl engine (random and "
+            "token_balanced are local-engine orders; verl_default is verl's own balancing, what the "
+            f"papers ran); valid choices: {['verl_default', *ordered]}"
+        )
     grouped = needs_group_ids(loss)
     if grouped and batching not in GROUP_BATCHINGS:
-        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: every group must be whole in one "
-                         "mini-batch, on one rank and in one micro-batch, which "
-                         f"trainer.batching={batching!r} does not give on verl (verl balances rollouts one by one, "
-                         "scattering groups); valid choices: "
-                         f"{list(GROUP_BATCHINGS)}")
+        raise ValueError(
+            f"policy loss {loss!r} couples the rollouts of a group: every group must be whole in one "
+            "mini-batch, on one rank and in one micro-batch, which "
+            f"trainer.batching={batching!r} does not give on verl (verl balances rollouts one by one, "
+            "scattering groups); valid choices: "
+            f"{list(GROUP_BATCHINGS)}"
+        )
     out = []
     if batching in ordered:
         out.append(f"{actor}.shuffle=false")  # verl's mini-batch iterator keeps each rank's order
@@ -430,16 +475,20 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
         return out
     prompts, mini, g = int(t["prompts_per_step"]), int(t["mini_batches"]), int(t["group_size"])
     if mini < 1 or prompts % mini:
-        raise ValueError(f"trainer.batching={batching!r} needs equal mini-batches of whole prompts, but "
-                         f"trainer.prompts_per_step={prompts} is not a multiple of trainer.mini_batches={mini}")
+        raise ValueError(
+            f"trainer.batching={batching!r} needs equal mini-batches of whole prompts, but "
+            f"trainer.prompts_per_step={prompts} is not a multiple of trainer.mini_batches={mini}"
+        )
     sizes = verl_sizes(run_cfg)
     if not grouped or sizes is None:
         return out
     dp, sp = sizes
     if (prompts // mini) % dp:
-        raise ValueError(f"policy loss {loss!r} couples the rollouts of a group: a mini-batch of {prompts // mini} "
-                         f"prompts does not split into whole groups over {dp} data-parallel ranks (a group would "
-                         "straddle two ranks); the prompts per mini-batch must be a multiple of the data-parallel size")
+        raise ValueError(
+            f"policy loss {loss!r} couples the rollouts of a group: a mini-batch of {prompts // mini} "
+            f"prompts does not split into whole groups over {dp} data-parallel ranks (a group would "
+            "straddle two ranks); the prompts per mini-batch must be a multiple of the data-parallel size"
+        )
     # micro-batches: the trainer sets verl's force_group_size = G, so dynamic batch sizes never split a group; a
     # micro-batch then must hold G whole sequences (rearrange_micro_batches raises at run time otherwise); the
     # launcher's budget (sizing.token_len_per_gpu) is the one it passes to verl
@@ -499,29 +548,43 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
         "algorithm.use_kl_in_reward=false",
         f"{actor}.entropy_coeff=0",
     ]
-    mirror = {"eps_low": "clip_ratio_low", "eps_high": "clip_ratio_high", "dual_clip_c": "clip_ratio_c",
-              "tau_pos": "tau_pos", "tau_neg": "tau_neg"}
+    mirror = {
+        "eps_low": "clip_ratio_low",
+        "eps_high": "clip_ratio_high",
+        "dual_clip_c": "clip_ratio_c",
+        "tau_pos": "tau_pos",
+        "tau_neg": "tau_neg",
+    }
     out += [f"{actor}.{v}={kw[k]}" for k, v in mirror.items() if kw.get(k) is not None]
     out += _batching_overrides(run_cfg, loss)
 
     rb = t.get("reward_balance") or {}
     if rb.get("enable"):
         if t.get("dynamic_sampling"):
-            raise ValueError("reward-balanced batching replaces verl's replay buffer, whose DAPO group filter "
-                             "(dynamic sampling) it does not implement: turn one of them off")
+            raise ValueError(
+                "reward-balanced batching replaces verl's replay buffer, whose DAPO group filter "
+                "(dynamic sampling) it does not implement: turn one of them off"
+            )
         sk = "+trainer.v1.sampler.sampler_kwargs"
-        out += [f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
-                f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
-                f"{sk}.rho={rb['rho']}", f"{sk}.max_age={rb['max_age']}", f"{sk}.sign={rb['sign']}",
-                f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}",
-                f"{sk}.max_rounds={rb.get('max_rounds', 4)}", f"{sk}.on_exhausted={rb.get('on_exhausted', 'train_unbalanced')}"]
+        out += [
+            f"trainer.v1.sampler.custom_sampler.path={SAMPLER_PATH}",
+            f"trainer.v1.sampler.custom_sampler.name={SAMPLER_NAME}",
+            f"{sk}.rho={rb['rho']}",
+            f"{sk}.max_age={rb['max_age']}",
+            f"{sk}.sign={rb['sign']}",
+            f"{sk}.reward_threshold={rb.get('reward_threshold', 0.5)}",
+            f"{sk}.max_rounds={rb.get('max_rounds', 4)}",
+            f"{sk}.on_exhausted={rb.get('on_exhausted', 'train_unbalanced')}",
+        ]
     if t.get("dynamic_sampling"):  # verl's replay buffer ignores max_num_gen_batches: ours enforces it
         sk = "+trainer.v1.sampler.sampler_kwargs"
-        out += [f"trainer.v1.sampler.custom_sampler.path={DAPO_SAMPLER_PATH}",
-                f"trainer.v1.sampler.custom_sampler.name={DAPO_SAMPLER_NAME}",
-                f"{sk}.filter_metric={verl_options(run_cfg)['filter_metric']}",
-                f"{sk}.train_batch_size={int(t['prompts_per_step'])}",
-                f"{sk}.max_num_gen_batches={int(t['max_gen_batches'])}"]
+        out += [
+            f"trainer.v1.sampler.custom_sampler.path={DAPO_SAMPLER_PATH}",
+            f"trainer.v1.sampler.custom_sampler.name={DAPO_SAMPLER_NAME}",
+            f"{sk}.filter_metric={verl_options(run_cfg)['filter_metric']}",
+            f"{sk}.train_batch_size={int(t['prompts_per_step'])}",
+            f"{sk}.max_num_gen_batches={int(t['max_gen_batches'])}",
+        ]
 
     if any(runs_on_worker(fn) for kind in ("credit", "token_filter") for fn, _ in method_entries(kind, m.get(kind))):
         out.append("actor_rollout_ref.model.use_fused_kernels=false")  # hidden states come from the LM-head call
@@ -529,9 +592,11 @@ def plugin_overrides(run_cfg: dict) -> list[str]:
     lora = t.get("lora") or {}
     if lora.get("enable"):
         mods = ",".join(lora["target_modules"])
-        out += [f"actor_rollout_ref.model.lora_rank={lora['rank']}",
-                f"actor_rollout_ref.model.lora_alpha={lora['alpha']}",
-                f"actor_rollout_ref.model.target_modules=[{mods}]"]
+        out += [
+            f"actor_rollout_ref.model.lora_rank={lora['rank']}",
+            f"actor_rollout_ref.model.lora_alpha={lora['alpha']}",
+            f"actor_rollout_ref.model.target_modules=[{mods}]",
+        ]
     return out
 
 

@@ -47,8 +47,14 @@ def slurm_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return []
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         timeout=30, check=True, env=dict(env))
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env=dict(env),
+    )
     return out.stdout.split()
 
 
@@ -72,8 +78,16 @@ def auth_env() -> dict[str, str]:
 
 def head_command(ip: str, port: int, gpus_per_node: int | None) -> list[str]:
     """`ray start` of the head node (blocking: the process lives as long as the head)."""
-    cmd = [ray_bin(), "start", "--head", f"--node-ip-address={ip}", f"--port={port}", "--block",
-           "--include-dashboard=false", "--disable-usage-stats"]
+    cmd = [
+        ray_bin(),
+        "start",
+        "--head",
+        f"--node-ip-address={ip}",
+        f"--port={port}",
+        "--block",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
     return cmd + ([f"--num-gpus={gpus_per_node}"] if gpus_per_node is not None else [])
 
 
@@ -84,8 +98,15 @@ def worker_step_command(nodes: Sequence[str], address: str, gpus_per_node: int |
         return []
     ray = [ray_bin(), "start", f"--address={address}", "--block", "--disable-usage-stats"]
     ray += [f"--num-gpus={gpus_per_node}"] if gpus_per_node is not None else []
-    return ["srun", "--overlap", f"--nodes={len(workers)}", f"--ntasks={len(workers)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(workers)}", *ray]
+    return [
+        "srun",
+        "--overlap",
+        f"--nodes={len(workers)}",
+        f"--ntasks={len(workers)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(workers)}",
+        *ray,
+    ]
 
 
 def wait_for_nodes(address: str, n: int, procs: Sequence[subprocess.Popen], timeout_s: float) -> None:
@@ -98,8 +119,9 @@ def wait_for_nodes(address: str, n: int, procs: Sequence[subprocess.Popen], time
     def check_alive() -> None:
         for proc in procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"Ray process {proc.args[:3]} exited with {proc.returncode} before the "
-                                   f"cluster was up")
+                raise RuntimeError(
+                    f"Ray process {proc.args[:3]} exited with {proc.returncode} before the cluster was up"
+                )
         if time.monotonic() > deadline:
             raise TimeoutError(f"Ray cluster at {address}: not {n} nodes alive after {timeout_s:.0f}s")
 
@@ -117,9 +139,14 @@ def wait_for_nodes(address: str, n: int, procs: Sequence[subprocess.Popen], time
         ray.shutdown()
 
 
-def run_on_ray_cluster(argv: Sequence[str], gpus_per_node: int | None = None, force_cluster: bool = False,
-                       port: int = DEFAULT_PORT, timeout_s: float = READY_TIMEOUT_S,
-                       env: Mapping[str, str] | None = None) -> int:
+def run_on_ray_cluster(
+    argv: Sequence[str],
+    gpus_per_node: int | None = None,
+    force_cluster: bool = False,
+    port: int = DEFAULT_PORT,
+    timeout_s: float = READY_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Run the driver `argv` on a Ray cluster over the SLURM allocation (see the module doc); its exit code."""
     env = dict(os.environ if env is None else env)
     nodes = slurm_nodes(env)
@@ -131,8 +158,11 @@ def run_on_ray_cluster(argv: Sequence[str], gpus_per_node: int | None = None, fo
     address = f"{ip}:{port}"
     procs: list[subprocess.Popen] = []
     try:
-        print(f"ray_slurm: head {ip} ({nodes[0] if nodes else 'this host'}), {max(len(nodes), 1)} node(s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"ray_slurm: head {ip} ({nodes[0] if nodes else 'this host'}), {max(len(nodes), 1)} node(s)",
+            file=sys.stderr,
+            flush=True,
+        )
         procs.append(subprocess.Popen(head_command(ip, port, gpus_per_node), env=env, start_new_session=True))
         workers = worker_step_command(nodes, address, gpus_per_node)
         if workers:
@@ -146,8 +176,11 @@ def run_on_ray_cluster(argv: Sequence[str], gpus_per_node: int | None = None, fo
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m creditlab.engines.verl.ray_slurm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m creditlab.engines.verl.ray_slurm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs Ray offers per node (default: detected)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for every node")

@@ -78,12 +78,22 @@ class CappedDapoSampler(ReplayBuffer):
     ``data.train_batch_size``), ``max_num_gen_batches`` (>= 1), optionally ``max_inflight_gen_batches`` (verl's,
     default 1)."""
 
-    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
-                 max_off_policy_strategy: str, sampler_kwargs: Any, refill_fn: Callable[[int], Any] | None = None,
-                 poll_interval: float = 2.0, **_: Any):
+    def __init__(
+        self,
+        trainer_mode: str,
+        trainer_config: Any,
+        max_off_policy_threshold: int | None,
+        max_off_policy_strategy: str,
+        sampler_kwargs: Any,
+        refill_fn: Callable[[int], Any] | None = None,
+        poll_interval: float = 2.0,
+        **_: Any,
+    ):
         if verl.__version__ != VERL_VERSION:
-            raise RuntimeError(f"CappedDapoSampler hooks verl {VERL_VERSION}'s ReplayBuffer.sample; verl is "
-                               f"{verl.__version__}: re-check the hooks (refill_fn, _wait_for_next_poll) first")
+            raise RuntimeError(
+                f"CappedDapoSampler hooks verl {VERL_VERSION}'s ReplayBuffer.sample; verl is "
+                f"{verl.__version__}: re-check the hooks (refill_fn, _wait_for_next_poll) first"
+            )
         if trainer_mode != "sync":
             raise ValueError(f"CappedDapoSampler caps verl's sync DAPO sampling; trainer mode {trainer_mode!r}")
         kw = _kwargs(sampler_kwargs)
@@ -92,19 +102,28 @@ class CappedDapoSampler(ReplayBuffer):
             raise ValueError(f"CappedDapoSampler needs sampler_kwargs {sorted(missing)}")
         self.max_num_gen_batches = int(kw["max_num_gen_batches"])
         if self.max_num_gen_batches < 1:
-            raise ValueError(f"max_num_gen_batches={self.max_num_gen_batches}: the cap counts the step's first "
-                             "generation batch, so it must be >= 1")
+            raise ValueError(
+                f"max_num_gen_batches={self.max_num_gen_batches}: the cap counts the step's first "
+                "generation batch, so it must be >= 1"
+            )
         self._refill_inner = refill_fn
         self._step: int | None = None
         self._gen_prompts = 0
         self._withheld = 0
         self._sampling = False
-        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
-                         max_off_policy_threshold=max_off_policy_threshold,
-                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
-                         poll_interval=poll_interval, refill_fn=None if refill_fn is None else self._capped_refill,
-                         filter_groups_metric=str(kw["filter_metric"]), train_batch_size=int(kw["train_batch_size"]),
-                         gen_batch_size=1, max_inflight_gen_batches=int(kw.get("max_inflight_gen_batches", 1)))
+        super().__init__(
+            trainer_mode=trainer_mode,
+            trainer_config=trainer_config,
+            max_off_policy_threshold=max_off_policy_threshold,
+            max_off_policy_strategy=max_off_policy_strategy,
+            sampler_kwargs=sampler_kwargs,
+            poll_interval=poll_interval,
+            refill_fn=None if refill_fn is None else self._capped_refill,
+            filter_groups_metric=str(kw["filter_metric"]),
+            train_batch_size=int(kw["train_batch_size"]),
+            gen_batch_size=1,
+            max_inflight_gen_batches=int(kw.get("max_inflight_gen_batches", 1)),
+        )
 
     # -- the budget of one global step
     @property
@@ -129,8 +148,12 @@ class CappedDapoSampler(ReplayBuffer):
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         # ReplayBuffer.sample waits here only when it can neither select nor dispatch; with the budget spent and
         # nothing in flight, nothing can change any more
-        if (self._sampling and partition_id == TRAIN and self.budget_prompts <= 0
-                and not (self.pending_keys[partition_id] or self.running_keys[partition_id])):
+        if (
+            self._sampling
+            and partition_id == TRAIN
+            and self.budget_prompts <= 0
+            and not (self.pending_keys[partition_id] or self.running_keys[partition_id])
+        ):
             have = len(self.finished_keys[partition_id] | self.failure_keys[partition_id])
             n_batches = self._gen_prompts / self.train_batch_size
             raise GenerationCapExceeded(
@@ -138,7 +161,8 @@ class CappedDapoSampler(ReplayBuffer):
                 f"{self._step} ({self._gen_prompts} prompts generated, {self._withheld} more withheld) with only "
                 f"{have} of the {self._batch_size} groups whose {self.filter_groups_metric!r} differs. Generated too "
                 "many (DAPO's dynamic sampling): the data may be too difficult or too easy for the policy; raise "
-                "trainer.max_gen_batches.")
+                "trainer.max_gen_batches."
+            )
         return super()._wait_for_next_poll(partition_id, last_debug_time)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
@@ -151,9 +175,12 @@ class CappedDapoSampler(ReplayBuffer):
             batch, metrics = super().sample(global_steps, partition_id, batch_size)
         finally:
             self._sampling = False
-        metrics = {**metrics, "creditlab/n_gen_batches": self._gen_prompts / self.train_batch_size,
-                   "creditlab/gen_prompts": float(self._gen_prompts),
-                   "creditlab/gen_prompts_withheld": float(self._withheld)}
+        metrics = {
+            **metrics,
+            "creditlab/n_gen_batches": self._gen_prompts / self.train_batch_size,
+            "creditlab/gen_prompts": float(self._gen_prompts),
+            "creditlab/gen_prompts_withheld": float(self._withheld),
+        }
         return batch, metrics
 
 
@@ -186,15 +213,31 @@ class RewardBalancedSampler(ReplayBuffer):
     Validation (partition "val") is verl's own sync sampling.
     """
 
-    def __init__(self, trainer_mode: str, trainer_config: Any, max_off_policy_threshold: int | None,
-                 max_off_policy_strategy: str, sampler_kwargs: Any, refill_fn=None, poll_interval: float = 2.0,
-                 **kwargs: Any):
-        super().__init__(trainer_mode=trainer_mode, trainer_config=trainer_config,
-                         max_off_policy_threshold=max_off_policy_threshold,
-                         max_off_policy_strategy=max_off_policy_strategy, sampler_kwargs=sampler_kwargs,
-                         poll_interval=poll_interval, refill_fn=refill_fn)
-        kw = (OmegaConf.to_container(sampler_kwargs) if isinstance(sampler_kwargs, DictConfig)
-              else dict(sampler_kwargs or {}))
+    def __init__(
+        self,
+        trainer_mode: str,
+        trainer_config: Any,
+        max_off_policy_threshold: int | None,
+        max_off_policy_strategy: str,
+        sampler_kwargs: Any,
+        refill_fn=None,
+        poll_interval: float = 2.0,
+        **kwargs: Any,
+    ):
+        super().__init__(
+            trainer_mode=trainer_mode,
+            trainer_config=trainer_config,
+            max_off_policy_threshold=max_off_policy_threshold,
+            max_off_policy_strategy=max_off_policy_strategy,
+            sampler_kwargs=sampler_kwargs,
+            poll_interval=poll_interval,
+            refill_fn=refill_fn,
+        )
+        kw = (
+            OmegaConf.to_container(sampler_kwargs)
+            if isinstance(sampler_kwargs, DictConfig)
+            else dict(sampler_kwargs or {})
+        )
         run_cfg = run_config()
         rb = ((run_cfg or {}).get("trainer") or {}).get("reward_balance") or {}
         self.rho = float(kw.get("rho", 0.25))
@@ -213,8 +256,11 @@ class RewardBalancedSampler(ReplayBuffer):
     # -- state (the buffered groups themselves live in TransferQueue)
     def state_dict(self) -> dict[str, Any]:
         entries_ = self.buffer.entries if self.buffer else []
-        return {"round": self.round, "dropped_total": self.buffer.dropped_total if self.buffer else 0,
-                "born": {e.payload: e.born for e in entries_}}
+        return {
+            "round": self.round,
+            "dropped_total": self.buffer.dropped_total if self.buffer else 0,
+            "born": {e.payload: e.born for e in entries_},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round, self._born = int(state["round"]), dict(state.get("born") or {})
@@ -237,8 +283,9 @@ class RewardBalancedSampler(ReplayBuffer):
         known = {e.payload for e in self.buffer.entries}
         # in submission order (TransferQueue lists prompt keys as registered): the buffer breaks age ties by
         # insertion order, as the local engine's batch order
-        trajs: dict[str, list[str]] = {u: [] for u in self.prompt_global_steps[partition_id]
-                                       if u in terminal and u not in known}
+        trajs: dict[str, list[str]] = {
+            u: [] for u in self.prompt_global_steps[partition_id] if u in terminal and u not in known
+        }
         for key in self.partitions[partition_id]:
             if uid_of(key) in trajs:
                 trajs[uid_of(key)].append(key)
@@ -252,8 +299,14 @@ class RewardBalancedSampler(ReplayBuffer):
         rewards = padded(rm).sum(-1)  # shaped (DAPO reward manager: score + overlong penalty), as the loss sees
         gids = torch.tensor([i for i, u in enumerate(uids) for _ in trajs[u]], dtype=torch.long)
         scores = self._raw_scores(keys, partition_id) if self.sign == "reward" else rewards
-        values, thr = rb_sign_values(self.sign, rewards, scores, gids,
-                                     lambda r, g: sequence_advantages(self.advantage, r, g), self.reward_threshold)
+        values, thr = rb_sign_values(
+            self.sign,
+            rewards,
+            scores,
+            gids,
+            lambda r, g: sequence_advantages(self.advantage, r, g),
+            self.reward_threshold,
+        )
         for g, (n_pos, n_neg, size) in sign_counts(values, gids, thr).items():
             uid = uids[g]
             self.buffer.add(uid, n_pos, n_neg, size, self._born.pop(uid, rnd))
@@ -268,8 +321,10 @@ class RewardBalancedSampler(ReplayBuffer):
             fields = getattr(value, "data", value)
             info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
             if "acc" not in info:
-                raise RuntimeError(f"RB sign 'reward' needs the reward manager's 'acc' for {key}; none in its "
-                                   "reward_extra_info (use sign 'advantage' or a reward manager that reports acc)")
+                raise RuntimeError(
+                    f"RB sign 'reward' needs the reward manager's 'acc' for {key}; none in its "
+                    "reward_extra_info (use sign 'advantage' or a reward manager that reports acc)"
+                )
             out.append(float(info["acc"]))
         return torch.tensor(out, dtype=torch.float32)
 
@@ -295,9 +350,14 @@ class RewardBalancedSampler(ReplayBuffer):
             self._wait_until_generated(partition_id)
             self._admit(partition_id, rnd)
 
-        chosen, stats, self.round = rb_draw(self.buffer, self.round, admit=admit,
-                                            refill=lambda: self.refill_fn(batch_size),
-                                            select=lambda rnd: self._select(partition_id, rnd),
-                                            max_rounds=self.max_rounds, on_exhausted=self.on_exhausted)
+        chosen, stats, self.round = rb_draw(
+            self.buffer,
+            self.round,
+            admit=admit,
+            refill=lambda: self.refill_fn(batch_size),
+            select=lambda rnd: self._select(partition_id, rnd),
+            max_rounds=self.max_rounds,
+            on_exhausted=self.on_exhausted,
+        )
         batch = self._materialize_batch(partition_id, chosen, dict(self.partitions[partition_id]))
         return batch, {f"training/rb/{k[3:]}": v for k, v in stats.items()}

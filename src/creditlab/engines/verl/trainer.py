@@ -53,11 +53,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
+from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from creditlab.algos.batching import groups_split_frac
 from creditlab.algos.credit.arca import weight_diagnostics
 from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, TokenCredit, credit_inputs_of, method_entries
-from creditlab.seeds import step_seed
 from creditlab.engines.verl.ordering import (
     content_order,
     flip_metrics,
@@ -82,6 +86,7 @@ from creditlab.engines.verl.plugin import (
     sequence_advantages,
     verl_options,
 )
+from creditlab.engines.verl.samplers import RewardBalancedSampler
 from creditlab.engines.verl.workers import (
     CREDIT_KEY,
     OUT_FILTER,
@@ -92,18 +97,18 @@ from creditlab.engines.verl.workers import (
     SEQ_ADV,
     CreditlabActorRolloutRefWorker,
 )
-from creditlab.engines.verl.samplers import RewardBalancedSampler
-from verl.trainer.ppo.utils import Role
-from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
-from verl.workers.utils.padding import response_from_nested, response_to_nested
+from creditlab.seeds import step_seed
 
 PLUGIN_PREFIX = "creditlab/"
 """Prefix of the metrics the plug-in logs into verl's (MLflow) metrics."""
-METRIC_NAMES = {"reward_mean": "critic/rewards/mean", "score_mean": "critic/score/mean",
-                "response_len_mean": "response_length/mean", "entropy_mean": "actor/entropy",
-                "clipfrac": "actor/pg_clipfrac", "t_step": "timing_s/step"}
+METRIC_NAMES = {
+    "reward_mean": "critic/rewards/mean",
+    "score_mean": "critic/score/mean",
+    "response_len_mean": "response_length/mean",
+    "entropy_mean": "actor/entropy",
+    "clipfrac": "actor/pg_clipfrac",
+    "t_step": "timing_s/step",
+}
 """creditlab's metric names (those of the local engine's metrics.jsonl, read by tables and figures) -> verl's."""
 
 
@@ -119,8 +124,11 @@ def metrics_line(global_step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             continue
     out |= {ours: out[theirs] for ours, theirs in METRIC_NAMES.items() if theirs in out}
-    out |= {k[len(PLUGIN_PREFIX):]: v for k, v in list(out.items())
-            if k.startswith(PLUGIN_PREFIX) and k[len(PLUGIN_PREFIX):] not in out}
+    out |= {
+        k[len(PLUGIN_PREFIX) :]: v
+        for k, v in list(out.items())
+        if k.startswith(PLUGIN_PREFIX) and k[len(PLUGIN_PREFIX) :] not in out
+    }
     return out
 
 
@@ -193,8 +201,11 @@ class CreditlabTrainer(PPOTrainerSync):
         self.advantage_name = m["advantage"]
         self.options = verl_options(self.run_cfg)
         credit, filters = m.get("credit") or [], m.get("token_filter") or []
-        on_worker = {c["name"]: runs_on_worker(fn) for kind, items in (("credit", credit), ("token_filter", filters))
-                     for c, (fn, _) in zip(items, method_entries(kind, items))}
+        on_worker = {
+            c["name"]: runs_on_worker(fn)
+            for kind, items in (("credit", credit), ("token_filter", filters))
+            for c, (fn, _) in zip(items, method_entries(kind, items))
+        }
         self.worker_credit = [c for c in credit if on_worker[c["name"]]]
         self.worker_filters = [c for c in filters if on_worker[c["name"]]]
         self.driver_credit = method_entries("credit", [c for c in credit if not on_worker[c["name"]]])
@@ -204,8 +215,9 @@ class CreditlabTrainer(PPOTrainerSync):
         lcfg = t.get("lora") or {}
         self.fused_ref = bool(lcfg.get("enable")) and (needs_ref or lcfg.get("reference_pass") == "always")
         if needs_ref and not lcfg.get("enable"):
-            raise ValueError(f"method {m.get('name')!r} needs the reference pass (adapter disabled): "
-                             "set trainer.lora.enable=true")
+            raise ValueError(
+                f"method {m.get('name')!r} needs the reference pass (adapter disabled): set trainer.lora.enable=true"
+            )
         self.worker_pass = bool(self.worker_credit or self.worker_filters or self.fused_ref)
         self.has_credit = bool(credit or filters or self.fused_ref)
         self.has_filters = bool(filters)
@@ -215,23 +227,28 @@ class CreditlabTrainer(PPOTrainerSync):
         self.sign_partitioned = self.batching == "sign_partitioned"
         actor = self.config.actor_rollout_ref.actor
         if (self.qb or self.sequential or self.sign_partitioned) and actor.shuffle:
-            raise ValueError(f"trainer.batching={self.batching} needs actor_rollout_ref.actor.shuffle=false "
-                             "(plugin_overrides)")
+            raise ValueError(
+                f"trainer.batching={self.batching} needs actor_rollout_ref.actor.shuffle=false (plugin_overrides)"
+            )
         self.group_size = int(self.config.actor_rollout_ref.rollout.n)
         self.group_coupled = needs_group_ids(m["policy_loss"])
         if self.group_coupled:
             if self.batching not in GROUP_BATCHINGS:
-                raise ValueError(f"policy loss {m['policy_loss']!r} couples the rollouts of a group: "
-                                 f"trainer.batching must be one of {list(GROUP_BATCHINGS)}, got {self.batching!r}")
+                raise ValueError(
+                    f"policy loss {m['policy_loss']!r} couples the rollouts of a group: "
+                    f"trainer.batching must be one of {list(GROUP_BATCHINGS)}, got {self.batching!r}"
+                )
             if actor.use_dynamic_bsz:  # verl: max_token_len = per-GPU budget x sp, and a forced group is atomic
                 sp = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
                 data = self.config.data
                 need = self.group_size * (int(data.max_prompt_length) + int(data.max_response_length))
                 if int(actor.ppo_max_token_len_per_gpu) * sp < need:
-                    raise ValueError(f"policy loss {m['policy_loss']!r} needs whole groups in a micro-batch: "
-                                     f"{self.group_size} sequences of up to {need // self.group_size} tokens exceed "
-                                     f"actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} x sp {sp} "
-                                     "(plugin_overrides raises it)")
+                    raise ValueError(
+                        f"policy loss {m['policy_loss']!r} needs whole groups in a micro-batch: "
+                        f"{self.group_size} sequences of up to {need // self.group_size} tokens exceed "
+                        f"actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} x sp {sp} "
+                        "(plugin_overrides raises it)"
+                    )
 
     # -- workers
     def _init_resource_pool_mgr(self):
@@ -251,14 +268,16 @@ class CreditlabTrainer(PPOTrainerSync):
     def _mini_batch_rollouts(self) -> int:
         return self.config.actor_rollout_ref.actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
 
-    def _balance_batch(self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen",
-                       keep_minibatch: bool = False) -> KVBatchMeta:
+    def _balance_batch(
+        self, batch: KVBatchMeta, metrics: dict, logging_prefix: str = "global_seqlen", keep_minibatch: bool = False
+    ) -> KVBatchMeta:
         """QB order (:func:`qb_order`), sequential order (:func:`sequential_order`), sign-partitioned order
         (:func:`sign_order`) or verl's token balancing; logs ``creditlab/groups_split_frac``; a group-coupled loss's
         order must pass :func:`groups_aligned`."""
         dp = self._actor_dp_size()
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["uid", "rm_scores", "prompts", "responses"])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "prompts", "responses"]
+        )
         order = content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
         adv = self._sequence_advantages(batch, data)[torch.tensor(order, dtype=torch.long)]
         batch.reorder(order)  # every order below starts from the batch's content, not from its arrival
@@ -266,8 +285,10 @@ class CreditlabTrainer(PPOTrainerSync):
         if self.sign_partitioned:
             n, mini = len(batch), self._mini_batch_rollouts()
             if n % mini:
-                raise ValueError(f"trainer.batching=sign_partitioned needs the rollout batch ({n}) to be a multiple "
-                                 f"of the mini-batch ({mini} rollouts)")
+                raise ValueError(
+                    f"trainer.batching=sign_partitioned needs the rollout batch ({n}) to be a multiple "
+                    f"of the mini-batch ({mini} rollouts)"
+                )
             gen = torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 10_000))
             order, _, mixed = sign_order(adv, n // mini, dp, gen)
             batch.reorder(order)
@@ -276,8 +297,10 @@ class CreditlabTrainer(PPOTrainerSync):
             n, mini = len(batch), self._mini_batch_rollouts()
             required = self._get_required_batch_multiple(dp)
             if n % required or n % mini:
-                raise ValueError(f"trainer.batching={self.batching} needs the rollout batch ({n}) to be a multiple of "
-                                 f"{required} (verl would pad it with synthetic rollouts, which are no group)")
+                raise ValueError(
+                    f"trainer.batching={self.batching} needs the rollout batch ({n}) to be a multiple of "
+                    f"{required} (verl would pad it with synthetic rollouts, which are no group)"
+                )
             gids = group_index([uid_of(k) for k in batch.keys])
             seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
             if self.qb:
@@ -286,15 +309,18 @@ class CreditlabTrainer(PPOTrainerSync):
             else:
                 order, partitions = sequential_order(gids, n // mini, dp)
             batch.reorder(order)
-            metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=partitions,
-                                                prefix=logging_prefix))
+            metrics.update(
+                log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=partitions, prefix=logging_prefix)
+            )
         else:
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         gids = group_index([uid_of(k) for k in batch.keys])
         if self.group_coupled and not groups_aligned(gids, dp, self.group_size):
-            raise ValueError(f"the policy loss couples the rollouts of a group, but the batch's {len(batch)} rollouts "
-                             f"are not whole groups of {self.group_size} consecutive rows per rank (a group has "
-                             "fewer rollouts, or the order splits one): verl's micro-batching would split it")
+            raise ValueError(
+                f"the policy loss couples the rollouts of a group, but the batch's {len(batch)} rollouts "
+                f"are not whole groups of {self.group_size} consecutive rows per rank (a group has "
+                "fewer rollouts, or the order splits one): verl's micro-batching would split it"
+            )
         mbs = [torch.tensor(rows) for rows in verl_minibatches(len(batch), dp, self._mini_batch_rollouts())]
         metrics["creditlab/groups_split_frac"] = groups_split_frac(mbs, gids)
         return batch
@@ -310,27 +336,38 @@ class CreditlabTrainer(PPOTrainerSync):
         return sequence_advantages(self.advantage_name, scores, group_index(list(data["uid"]))).float()
 
     def _credit_spec(self) -> dict[str, Any]:
-        return {"credit": self.worker_credit, "token_filter": self.worker_filters, "seed": self.seed,
-                "step": int(self.global_steps), "dp_stats": self.options["credit_dp_stats"],
-                "fused_ref": self.fused_ref, "sp_check": bool(self.options["sp_check"])}
+        return {
+            "credit": self.worker_credit,
+            "token_filter": self.worker_filters,
+            "seed": self.seed,
+            "step": int(self.global_steps),
+            "dp_stats": self.options["credit_dp_stats"],
+            "fused_ref": self.fused_ref,
+            "sp_check": bool(self.options["sp_check"]),
+        }
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if not self.worker_pass:
             return super()._compute_old_log_prob(batch, metrics)
         adv = self._sequence_advantages(batch)
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                        fields=TensorDict({SEQ_ADV: adv}, batch_size=len(batch)))
+        tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict({SEQ_ADV: adv}, batch_size=len(batch))
+        )
         batch.extra_info[CREDIT_KEY] = self._credit_spec()
         try:
             batch = super()._compute_old_log_prob(batch, metrics)
         finally:
             batch.extra_info.pop(CREDIT_KEY, None)
         if self.fused_ref:  # the adapter-disabled pass ran in the same worker call: store it as verl's ref
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                   select_fields=[OUT_REF, "response_mask"])
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=[OUT_REF, "response_mask"]
+            )
             ref = response_from_nested(data[OUT_REF], data["response_mask"])
-            tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                            fields=TensorDict({"ref_log_prob": ref}, batch_size=len(batch)))
+            tq.kv_batch_put(
+                keys=batch.keys,
+                partition_id=batch.partition_id,
+                fields=TensorDict({"ref_log_prob": ref}, batch_size=len(batch)),
+            )
         return batch
 
     def _compute_ref_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -350,8 +387,11 @@ class CreditlabTrainer(PPOTrainerSync):
             fields.append(OUT_FILTER)
         if self.fused_ref:
             fields.append(OUT_RESIDUAL)
-        sp_check = self.worker_credit and self.options["sp_check"] and \
-            int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1
+        sp_check = (
+            self.worker_credit
+            and self.options["sp_check"]
+            and int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1) or 1) > 1
+        )
         if sp_check:
             fields.append(OUT_SP_CHECK)
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
@@ -359,15 +399,23 @@ class CreditlabTrainer(PPOTrainerSync):
         mask = padded(mask_nt).float()
         adv_tok = padded(data["advantages"]).float()
         first = mask.argmax(-1)  # A_i sits on every valid token; rows without one read 0
-        seq_adv = torch.where(mask.any(-1), adv_tok[torch.arange(len(first)), first],
-                              torch.zeros_like(first, dtype=adv_tok.dtype))
-        get = (lambda k: padded(data[k]).float() if k in data.keys() else None)
-        inputs = CreditInputs(responses=padded(data["responses"]), mask=mask, old_logp=get("old_log_probs"),
-                              advantages=seq_adv, group_ids=group_index(list(data["uid"])), entropy=get("entropy"),
-                              ref_logp=get("ref_log_prob"),
-                              rng=torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 20_000)))
-        adv_new, loss_mask, w = fold_credit(inputs, self.driver_credit, self.driver_filters,
-                                            get(OUT_WEIGHTS), get(OUT_FILTER))
+        seq_adv = torch.where(
+            mask.any(-1), adv_tok[torch.arange(len(first)), first], torch.zeros_like(first, dtype=adv_tok.dtype)
+        )
+        get = lambda k: padded(data[k]).float() if k in data.keys() else None
+        inputs = CreditInputs(
+            responses=padded(data["responses"]),
+            mask=mask,
+            old_logp=get("old_log_probs"),
+            advantages=seq_adv,
+            group_ids=group_index(list(data["uid"])),
+            entropy=get("entropy"),
+            ref_logp=get("ref_log_prob"),
+            rng=torch.Generator().manual_seed(step_seed(self.seed, self.global_steps, 20_000)),
+        )
+        adv_new, loss_mask, w = fold_credit(
+            inputs, self.driver_credit, self.driver_filters, get(OUT_WEIGHTS), get(OUT_FILTER)
+        )
         self.token_credit.add(inputs.responses, mask, w)  # token_credit.json (DelTA's token clouds)
         out = {"advantages": response_to_nested(adv_new, mask_nt), SEQ_ADV: seq_adv}
         if self.has_filters:
@@ -376,14 +424,19 @@ class CreditlabTrainer(PPOTrainerSync):
         residual = get(OUT_RESIDUAL)
         diag = weight_diagnostics(w, mask, residual)
         valid = mask.bool()
-        diag |= {"credit_weight_mean": w[valid].mean().item(),
-                 "loss_token_frac": (loss_mask.sum() / mask.sum().clamp(min=1)).item()}
+        diag |= {
+            "credit_weight_mean": w[valid].mean().item(),
+            "loss_token_frac": (loss_mask.sum() / mask.sum().clamp(min=1)).item(),
+        }
         if inputs.ref_logp is not None:
             diag["ref_kl"] = ((inputs.old_logp - inputs.ref_logp) * mask).sum().item() / max(1.0, mask.sum().item())
         if sp_check:  # the Ulysses credit against the sp=1 forward of the same batch (verl.sp_check)
             diffs = padded(data[OUT_SP_CHECK]).float().reshape(-1, 3).amax(0)
-            diag |= {"sp_check/credit_max_abs_diff": diffs[0].item(), "sp_check/hidden_max_abs_diff": diffs[1].item(),
-                     "sp_check/hidden_max_abs": diffs[2].item()}
+            diag |= {
+                "sp_check/credit_max_abs_diff": diffs[0].item(),
+                "sp_check/hidden_max_abs_diff": diffs[1].item(),
+                "sp_check/hidden_max_abs": diffs[2].item(),
+            }
         metrics.update({f"creditlab/{k}": v for k, v in diag.items()})
         return batch
 
@@ -418,12 +471,22 @@ class CreditlabTrainer(PPOTrainerSync):
     def _flipping_pass(self, batch: KVBatchMeta, eps: float) -> dict[str, float]:
         """Post-update log-prob pass (Paper C, Algorithm 1) [ours: after all of the step's mini-batches]:
         Δ = log p after the update - old_log_probs (the same training model before it), on every token."""
-        meta = KVBatchMeta(keys=list(batch.keys), tags=list(batch.tags), partition_id=batch.partition_id,
-                           extra_info={"calculate_entropy": False, "compute_loss": False,
-                                       "temperature": self.config.actor_rollout_ref.rollout.temperature})
+        meta = KVBatchMeta(
+            keys=list(batch.keys),
+            tags=list(batch.tags),
+            partition_id=batch.partition_id,
+            extra_info={
+                "calculate_entropy": False,
+                "compute_loss": False,
+                "temperature": self.config.actor_rollout_ref.rollout.temperature,
+            },
+        )
         self.actor_rollout_wg.compute_log_prob(meta)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["log_probs", "old_log_probs", "response_mask", "advantages"])
+        data = tq.kv_batch_get(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["log_probs", "old_log_probs", "response_mask", "advantages"],
+        )
         mask = padded(data["response_mask"]).float()
         after = padded(response_from_nested(data["log_probs"], data["response_mask"])).float()
         delta = after - padded(data["old_log_probs"]).float()

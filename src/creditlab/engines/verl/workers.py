@@ -132,8 +132,10 @@ def capture_final_hidden(engine: Any):
     def prepare_model_outputs(output, output_args, micro_batch, logits_processor_func):
         model_output = inner(output, output_args, micro_batch, logits_processor_func)
         if len(stash) != 1:
-            raise RuntimeError(f"the LM head ran {len(stash)} times in one forward; hidden-state capture needs "
-                               "exactly one call (use_fused_kernels must be false)")
+            raise RuntimeError(
+                f"the LM head ran {len(stash)} times in one forward; hidden-state capture needs "
+                "exactly one call (use_fused_kernels must be false)"
+            )
         model_output["hidden"] = packed_hidden_to_nested(engine, stash.pop(), output_args, micro_batch)
         return model_output
 
@@ -162,11 +164,24 @@ def dp_all_reduce(group: Any) -> Callable[[Tensor], Tensor]:
 
 
 @torch.no_grad()
-def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tensor, advantages: Tensor,
-                  uids: list[str], entropy: Tensor | None, hidden: Tensor | None, ref_logp: Tensor | None = None,
-                  base_hidden: Tensor | None = None, reduce: Callable[[Tensor], Tensor] | None = None,
-                  rank: int = 0, topk_logp: Tensor | None = None, topk_ids: Tensor | None = None,
-                  lm_head: Tensor | None = None) -> dict[str, Tensor | None]:
+def worker_credit(
+    spec: dict,
+    *,
+    responses: Tensor,
+    mask: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    uids: list[str],
+    entropy: Tensor | None,
+    hidden: Tensor | None,
+    ref_logp: Tensor | None = None,
+    base_hidden: Tensor | None = None,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+    rank: int = 0,
+    topk_logp: Tensor | None = None,
+    topk_ids: Tensor | None = None,
+    lm_head: Tensor | None = None,
+) -> dict[str, Tensor | None]:
     """The credit functions / token filters of ``spec`` on one data-parallel rank's rollouts.
 
     spec: {"credit": [{name, **kwargs}], "token_filter": [...], "seed": int, "step": int,
@@ -181,10 +196,20 @@ def worker_credit(spec: dict, *, responses: Tensor, mask: Tensor, old_logp: Tens
     Returns {"weights": Tensor[B, T], "filter": Tensor[B, T] or None, "residual": ||h - h_base|| or None}.
     """
     inputs = CreditInputs(
-        responses=responses, mask=mask, old_logp=old_logp, advantages=advantages,
-        group_ids=group_index(uids).to(mask.device), hidden=hidden, entropy=entropy, ref_logp=ref_logp,
-        base_hidden=base_hidden, topk_logp=topk_logp, topk_ids=topk_ids, lm_head=lm_head,
-        rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)))
+        responses=responses,
+        mask=mask,
+        old_logp=old_logp,
+        advantages=advantages,
+        group_ids=group_index(uids).to(mask.device),
+        hidden=hidden,
+        entropy=entropy,
+        ref_logp=ref_logp,
+        base_hidden=base_hidden,
+        topk_logp=topk_logp,
+        topk_ids=topk_ids,
+        lm_head=lm_head,
+        rng=torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank)),
+    )
     dp_stats = spec.get("dp_stats", "rank")
     if dp_stats not in DP_STATS:
         raise ValueError(f"credit spec dp_stats={dp_stats!r}; valid choices: {list(DP_STATS)}")
@@ -213,7 +238,7 @@ def unsharded_hidden(engine: Any, data: TensorDict) -> Tensor:
     padded = torch.zeros(B, S, dtype=flat.dtype)
     mask = torch.zeros(B, S, dtype=torch.long)
     for i, n in enumerate(lens):
-        padded[i, :n] = flat[cu[i]:cu[i] + n]
+        padded[i, :n] = flat[cu[i] : cu[i] + n]
         mask[i, :n] = 1
     pos = torch.arange(S)[None].expand(B, S)
     head = find_lm_head(engine.module)
@@ -258,8 +283,8 @@ def topk_logprobs(hidden: Tensor, lm_head: Tensor, k: int, chunk_tokens: int = 1
     vals = torch.empty(flat.shape[0], K, dtype=torch.float32, device=flat.device)
     ids = torch.empty(flat.shape[0], K, dtype=torch.long, device=flat.device)
     for s in range(0, flat.shape[0], chunk_tokens):
-        top = torch.log_softmax(flat[s:s + chunk_tokens] @ lm_head.T, -1).topk(K, dim=-1)
-        vals[s:s + chunk_tokens], ids[s:s + chunk_tokens] = top.values, top.indices
+        top = torch.log_softmax(flat[s : s + chunk_tokens] @ lm_head.T, -1).topk(K, dim=-1)
+        vals[s : s + chunk_tokens], ids[s : s + chunk_tokens] = top.values, top.indices
     return vals.reshape(B, T, K), ids.reshape(B, T, K)
 
 
@@ -313,25 +338,49 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
         lm_head = lm_head.to(device)
         top_logp, top_ids = topk_logprobs(hidden, lm_head, k)
         top = {"topk_logp": top_logp, "topk_ids": top_ids, "lm_head": lm_head}
-    res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
-                        old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]), entropy=entropy,
-                        hidden=hidden,
-                        ref_logp=resp(ref["log_probs"]) if ref is not None else None, base_hidden=base_hidden,
-                        reduce=reduce, rank=rank, **top)
+    res = worker_credit(
+        spec,
+        responses=_padded(data["responses"]).to(device),
+        mask=mask,
+        old_logp=resp(out["log_probs"]),
+        advantages=adv,
+        uids=list(data["uid"]),
+        entropy=entropy,
+        hidden=hidden,
+        ref_logp=resp(ref["log_probs"]) if ref is not None else None,
+        base_hidden=base_hidden,
+        reduce=reduce,
+        rank=rank,
+        **top,
+    )
     if plain is not None:  # the same credit from the sp=1 forward of this batch: how far Ulysses moved it
         plain_top = {}
         if lm_head is not None:  # the top-K proxy from the sp=1 hidden states too
             p_logp, p_ids = topk_logprobs(resp(plain), lm_head, k)
             plain_top = {"topk_logp": p_logp, "topk_ids": p_ids, "lm_head": lm_head}
-        ref_res = worker_credit(spec, responses=_padded(data["responses"]).to(device), mask=mask,
-                                old_logp=resp(out["log_probs"]), advantages=adv, uids=list(data["uid"]),
-                                entropy=entropy, hidden=resp(plain),
-                                ref_logp=resp(ref["log_probs"]) if ref is not None else None,
-                                base_hidden=base_hidden, reduce=reduce, rank=rank, **plain_top)
-        out[OUT_SP_CHECK] = torch.stack([
-            ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
-            ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1),
-            (hidden.abs().amax(-1) * mask).amax(-1)], -1).cpu()  # the scale the gap is read against
+        ref_res = worker_credit(
+            spec,
+            responses=_padded(data["responses"]).to(device),
+            mask=mask,
+            old_logp=resp(out["log_probs"]),
+            advantages=adv,
+            uids=list(data["uid"]),
+            entropy=entropy,
+            hidden=resp(plain),
+            ref_logp=resp(ref["log_probs"]) if ref is not None else None,
+            base_hidden=base_hidden,
+            reduce=reduce,
+            rank=rank,
+            **plain_top,
+        )
+        out[OUT_SP_CHECK] = torch.stack(
+            [
+                ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
+                ((hidden - resp(plain)).abs().amax(-1) * mask).amax(-1),
+                (hidden.abs().amax(-1) * mask).amax(-1),
+            ],
+            -1,
+        ).cpu()  # the scale the gap is read against
     del out["hidden"]
     out[OUT_WEIGHTS] = response_to_nested(res["weights"].cpu(), mask_nt)
     if res["filter"] is not None:

@@ -60,6 +60,7 @@ def sampling_fields(params: SamplingSpec) -> dict[str, Any]:
     """A SamplingParams as the keys of a worker call (:data:`SAMPLING_KEYS`); ``SamplingSpec(**fields)`` inverts it."""
     return {k: getattr(params, k) for k in SAMPLING_KEYS}
 
+
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: fast start, deterministic scheduling
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (vLLM's default takes a large share of RAM)
@@ -164,8 +165,10 @@ def check_head_dim(model_dir: str | Path) -> None:
         return
     head_dim, sizes = model_head_dim(model_dir), cpu_head_sizes()
     if head_dim is not None and head_dim not in sizes:
-        raise ValueError(f"{model_dir}: head_dim {head_dim} is not served by vLLM's CPU attention (head sizes "
-                         f"{list(sizes)}); use a model with one of these (tiny-s / tiny-m: 32) or eval.backend=local")
+        raise ValueError(
+            f"{model_dir}: head_dim {head_dim} is not served by vLLM's CPU attention (head sizes "
+            f"{list(sizes)}); use a model with one of these (tiny-s / tiny-m: 32) or eval.backend=local"
+        )
 
 
 def lora_rank(adapter_dir: str | Path) -> int:
@@ -233,8 +236,9 @@ class VllmEngine:
 
         path = str(Path(adapter_dir).resolve())
         if lora_rank(path) > vllm_lora_rank(self.spec.max_lora_rank):
-            raise ValueError(f"adapter {path} has rank {lora_rank(path)} > the engine's max_lora_rank "
-                             f"{self.spec.max_lora_rank}")
+            raise ValueError(
+                f"adapter {path} has rank {lora_rank(path)} > the engine's max_lora_rank {self.spec.max_lora_rank}"
+            )
         lora_id = self._lora_ids.setdefault(path, len(self._lora_ids) + 1)
         return LoRARequest(f"adapter{lora_id}", lora_id, path)
 

@@ -47,8 +47,10 @@ def vllm_python() -> Path:
     """
     path = Path(os.environ.get(PYTHON_ENV) or REPO_ROOT / ".venv-vllm" / "bin" / "python")
     if not path.exists():
-        raise FileNotFoundError(f"the vLLM environment's python {path} does not exist: build it with `make vllm-env` "
-                                f"(tools/vllm-env.sh; `make install` builds it too) or set {PYTHON_ENV}")
+        raise FileNotFoundError(
+            f"the vLLM environment's python {path} does not exist: build it with `make vllm-env` "
+            f"(tools/vllm-env.sh; `make install` builds it too) or set {PYTHON_ENV}"
+        )
     return path
 
 

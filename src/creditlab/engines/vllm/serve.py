@@ -61,9 +61,14 @@ class Worker:
         import transformers
         import vllm
 
-        return {"versions": {"vllm": vllm.__version__, "transformers": transformers.__version__,
-                             "torch": torch.__version__},
-                "engines": {name: {"vocab_size": e.vocab_size, **e.spec.to_dict()} for name, e in self.engines.items()}}
+        return {
+            "versions": {
+                "vllm": vllm.__version__,
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+            },
+            "engines": {name: {"vocab_size": e.vocab_size, **e.spec.to_dict()} for name, e in self.engines.items()},
+        }
 
     def engine(self, name: str):
         if name not in self.engines:
@@ -95,8 +100,7 @@ class Worker:
             gen, stats = fn(call["prompt_ids"], params=SamplingParams(**sampling), **loop)
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "stats": stats}  # fmt: skip
-        raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, "
-                         f"selective")
+        raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, selective")
 
 
 def serve_file(request_path: str, result_path: str) -> int:

@@ -275,13 +275,23 @@ class Verdict:
         counts = {v: 0 for v in VERDICTS}
         for t in self.tests:
             counts[t.verdict] += 1
-        return {"status": self.status, "passed": self.passed, "reward": self.reward, "n_tests": len(self.tests),
-                "counts": {k: v for k, v in counts.items() if v}, "wall_s": round(self.wall_s, 4),
-                "sandbox": self.sandbox}
+        return {
+            "status": self.status,
+            "passed": self.passed,
+            "reward": self.reward,
+            "n_tests": len(self.tests),
+            "counts": {k: v for k, v in counts.items() if v},
+            "wall_s": round(self.wall_s, 4),
+            "sandbox": self.sandbox,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.summary(), "tests": [dataclasses.asdict(t) for t in self.tests], "detail": self.detail,
-                "scratch_dir": self.scratch_dir}
+        return {
+            **self.summary(),
+            "tests": [dataclasses.asdict(t) for t in self.tests],
+            "detail": self.detail,
+            "scratch_dir": self.scratch_dir,
+        }
 
 
 def truncate(s: str, n: int = 200) -> str:

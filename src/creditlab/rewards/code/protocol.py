@@ -40,8 +40,9 @@ class Malformed(SandboxGone):
 
 
 NONCE_BYTES = 16  # sent as 32 hex characters, the first bytes of the harness's input
-_HARNESS_STATUSES = frozenset({"ok", "exception", "memory", "unrepresentable", "compile_error", "guard", "timeout",
-                               "signal", "exit"})
+_HARNESS_STATUSES = frozenset(
+    {"ok", "exception", "memory", "unrepresentable", "compile_error", "guard", "timeout", "signal", "exit"}
+)
 
 
 def _is_seconds(x: Any) -> bool:
@@ -111,7 +112,7 @@ class Channel:
                     raise SandboxGone("harness closed its input")
                 else:
                     try:
-                        data = data[os.write(self.wfd, data):]
+                        data = data[os.write(self.wfd, data) :]
                     except BlockingIOError:
                         pass
                     except (BrokenPipeError, OSError) as e:
@@ -168,8 +169,15 @@ class Channel:
 def judge_answer(test: TestCase, res: Mapping[str, Any]) -> TestVerdict:
     """The verdict of one (validated) harness answer; never raises: a judging error is a ``sandbox_error``."""
     status, wall, cpu, detail = res.get("status"), res.get("wall_s"), res.get("cpu_s"), res.get("detail", "")
-    verdict = {"timeout": "timeout", "memory": "memory", "exception": "runtime_error", "signal": "runtime_error",
-               "exit": "runtime_error", "unrepresentable": "fail", "compile_error": "compile_error"}.get(status)
+    verdict = {
+        "timeout": "timeout",
+        "memory": "memory",
+        "exception": "runtime_error",
+        "signal": "runtime_error",
+        "exit": "runtime_error",
+        "unrepresentable": "fail",
+        "compile_error": "compile_error",
+    }.get(status)
     try:
         if status == "ok":
             out = res.get("output")

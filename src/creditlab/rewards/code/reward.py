@@ -53,5 +53,8 @@ def code_exec_score(response: str, gold: str) -> float:
     return judge_code_exec(code, gold)
 
 
-add_spec(RewardSpec(name="code_exec", extract=extract_code, judge=judge_code_exec, failure=CODE_EXEC_WRONG,
-                    cache_tag="code_exec/v2"))  # v2: issue 21 (v1 verdicts may hold forged passes)
+add_spec(
+    RewardSpec(
+        name="code_exec", extract=extract_code, judge=judge_code_exec, failure=CODE_EXEC_WRONG, cache_tag="code_exec/v2"
+    )
+)  # v2: issue 21 (v1 verdicts may hold forged passes)

@@ -39,11 +39,32 @@ STARTUP_S = 20.0  # bwrap + interpreter start + preamble imports, under load
 GRACE_S = 3.0  # per test, on top of time_limit_s, before the parent gives up on the harness
 
 # LiveCodeBench's import preamble (testing_util.import_string), re-stated as module lists.
-_STAR_IMPORTS = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
-                 "statistics", "itertools", "functools", "operator", "io", "sys", "json", "builtins", "typing")
+_STAR_IMPORTS = (
+    "string",
+    "re",
+    "datetime",
+    "collections",
+    "heapq",
+    "bisect",
+    "copy",
+    "math",
+    "random",
+    "statistics",
+    "itertools",
+    "functools",
+    "operator",
+    "io",
+    "sys",
+    "json",
+    "builtins",
+    "typing",
+)
 _PLAIN_IMPORTS = _STAR_IMPORTS[:16]
-PREAMBLE = "".join(f"from {m} import *\n" for m in _STAR_IMPORTS) + "".join(
-    f"import {m}\n" for m in _PLAIN_IMPORTS) + "sys.setrecursionlimit(50000)\n"
+PREAMBLE = (
+    "".join(f"from {m} import *\n" for m in _STAR_IMPORTS)
+    + "".join(f"import {m}\n" for m in _PLAIN_IMPORTS)
+    + "sys.setrecursionlimit(50000)\n"
+)
 
 
 def max_run_seconds(n_tests: int, time_limit_s: float = 6.0) -> float:
@@ -81,8 +102,12 @@ def run_tests(
     cases = [t if isinstance(t, TestCase) else TestCase.from_dict(t, func_name) for t in tests]
     plan = get_plan()
     if plan.tier == "none":
-        return Verdict([TestVerdict(i, "sandbox_error", detail=plan.error) for i in range(len(cases))],
-                       plan.tier, time.monotonic() - t_start, detail=plan.error)
+        return Verdict(
+            [TestVerdict(i, "sandbox_error", detail=plan.error) for i in range(len(cases))],
+            plan.tier,
+            time.monotonic() - t_start,
+            detail=plan.error,
+        )
     results: list[TestVerdict] = []
     detail = ""
     uid = plan.acquire_uid()
@@ -94,11 +119,19 @@ def run_tests(
             if uid is not None:
                 os.chown(scratch, uid, uid)
         cfg = {
-            "code": code, "time_limit_s": float(time_limit_s), "max_procs": int(max_procs), "kill_all": plan.kill_all,
+            "code": code,
+            "time_limit_s": float(time_limit_s),
+            "max_procs": int(max_procs),
+            "kill_all": plan.kill_all,
             "iodir": os.path.join(scratch, ".io") if scratch else "/tmp/.io",
-            "preamble": PREAMBLE if preamble else "", "preload": list(_STAR_IMPORTS),
-            "limits": {"cpu_s": math.ceil(time_limit_s) + 1, "as_bytes": int(memory_mb) << 20,
-                       "fsize_bytes": int(max_output_mb) << 20, "nofile": NOFILE},
+            "preamble": PREAMBLE if preamble else "",
+            "preload": list(_STAR_IMPORTS),
+            "limits": {
+                "cpu_s": math.ceil(time_limit_s) + 1,
+                "as_bytes": int(memory_mb) << 20,
+                "fsize_bytes": int(max_output_mb) << 20,
+                "nofile": NOFILE,
+            },
         }
         if plan.tier == "process" and not plan.root:  # RLIMIT_NPROC counts the caller's whole uid here
             cfg["max_procs"] = count_own_tasks() + int(max_procs)
@@ -116,12 +149,16 @@ def run_tests(
                 results = [TestVerdict(i, "compile_error", detail=msg) for i in range(len(cases))]
             elif compiled.get("status") != "ok":  # the compile check itself timed out / crashed
                 v = judge_answer(cases[0], compiled) if cases else None
-                results = [TestVerdict(i, v.verdict if v else "sandbox_error", detail=v.detail if v else "")
-                           for i in range(len(cases))]
+                results = [
+                    TestVerdict(i, v.verdict if v else "sandbox_error", detail=v.detail if v else "")
+                    for i in range(len(cases))
+                ]
             else:
                 for i, test in enumerate(cases):
-                    ch.send({"i": i, "input": test.input, "testtype": test.testtype, "func_name": test.func_name},
-                            time.monotonic() + step)
+                    ch.send(
+                        {"i": i, "input": test.input, "testtype": test.testtype, "func_name": test.func_name},
+                        time.monotonic() + step,
+                    )
                     v = judge_answer(test, checked(ch.recv(time.monotonic() + step), "result", i))
                     v.index = i
                     results.append(v)
@@ -180,15 +217,20 @@ def verify_many(
     def one(job: tuple[str | None, Sequence[Any], dict[str, Any]]) -> Verdict:
         code, tests, kw = job
         if code is None:
-            return Verdict([TestVerdict(i, "compile_error", detail="no code") for i in range(len(tests))],
-                           get_plan().tier, 0.0)
+            return Verdict(
+                [TestVerdict(i, "compile_error", detail="no code") for i in range(len(tests))], get_plan().tier, 0.0
+            )
         try:
             return run_tests(code, tests, **kw)
         except Exception as e:  # one solution's problem (e.g. a malformed test) never costs the batch
             log.exception("code_exec: verifying one solution failed")
             n = len(tests) if isinstance(tests, Sequence) else 1
-            return Verdict([TestVerdict(i, "sandbox_error", detail=truncate(repr(e), 600)) for i in range(max(n, 1))],
-                           get_plan().tier, 0.0, detail=repr(e))
+            return Verdict(
+                [TestVerdict(i, "sandbox_error", detail=truncate(repr(e), 600)) for i in range(max(n, 1))],
+                get_plan().tier,
+                0.0,
+                detail=repr(e),
+            )
 
     if n_workers == 1 or len(jobs) <= 1:
         return [one(j) for j in jobs]

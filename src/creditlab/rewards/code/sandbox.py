@@ -42,7 +42,8 @@ Every tier:
 
 8. **The harness out of the solution's reach** (see the trust model in :mod:`creditlab.rewards.code`):
    non-dumpable (required: the harness refuses to run otherwise), pid 1 of its pid namespace in the
-   ``bwrap`` (``--as-pid-1``) and ``unshare`` tiers, and on x86_64 / aarch64 a seccomp filter on every process of the solution
+   ``bwrap`` (``--as-pid-1``) and ``unshare`` tiers, and on x86_64 / aarch64 a seccomp filter on every process of
+   the solution
    (``ptrace``, ``process_vm_readv/writev``, ``kcmp``, ``perf_event_open``, ``pidfd_open``,
    ``pidfd_getfd``, ``process_madvise`` and other architectures' system calls fail with EPERM; a
    filter that cannot be installed is a ``sandbox_error``).
@@ -183,14 +184,36 @@ class Plan:
 def _bwrap_argv(plan: Plan, scratch_mb: int) -> list[str]:
     # --as-pid-1: the harness is the namespace's pid 1. Without it bwrap's own pid 1 (same uid, dumpable) holds
     # the harness's pipes, and a solution could open them through /proc/1/fd or take them with pidfd_getfd.
-    a = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--as-pid-1",
-         "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    a = [
+        shutil.which("bwrap") or "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--as-pid-1",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if plan.privileged:  # bwrap as root: the harness drops to the unique uid at once
         a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         a += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
-    a += ["--clearenv", "--setenv", "HOME", "/sandbox", "--setenv", "PATH", "/usr/bin:/bin",
-          "--setenv", "LANG", "C.UTF-8", "--ro-bind", "/usr", "/usr"]
+    a += [
+        "--clearenv",
+        "--setenv",
+        "HOME",
+        "/sandbox",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(d):
             a += ["--symlink", os.readlink(d), d]
@@ -203,11 +226,36 @@ def _bwrap_argv(plan: Plan, scratch_mb: int) -> list[str]:
             a += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
         a += ["--ro-bind", plan.prefix, plan.prefix]
     # /dev is bwrap's own tmpfs (uncapped, owned by the sandbox uid): read-only, with a capped /dev/shm on top
-    a += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-          "--size", str(_SHM_MB << 20), "--perms", "1777", "--tmpfs", "/dev/shm",
-          "--size", str(_TMP_MB << 20), "--perms", "1777", "--tmpfs", "/tmp",
-          "--size", str(scratch_mb << 20), "--perms", "1777", "--tmpfs", "/sandbox",
-          "--chdir", "/sandbox", "--remount-ro", "/"]
+    a += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(_SHM_MB << 20),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        str(_TMP_MB << 20),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(scratch_mb << 20),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/sandbox",
+        "--chdir",
+        "/sandbox",
+        "--remount-ro",
+        "/",
+    ]
     return a
 
 
@@ -224,14 +272,21 @@ def _interpreters(root: bool) -> list[tuple[str, str]]:
 def _probe(plan: Plan) -> str:
     """Run a trivial program through the plan; '' if it works, else the reason."""
     uid = plan.acquire_uid()
-    check = ("import os,sys\n"
-             "print(os.getuid(), os.getcwd(), sorted(os.environ), file=sys.stderr)\n"
-             "print('creditlab-sandbox-ok')\n")
+    check = (
+        "import os,sys\n"
+        "print(os.getuid(), os.getcwd(), sorted(os.environ), file=sys.stderr)\n"
+        "print('creditlab-sandbox-ok')\n"
+    )
     try:
         argv, kw = plan.command(uid, tempfile.gettempdir() if plan.tier != "bwrap" else None, 16)
         argv = argv[: argv.index("-c") + 1] + [
-            (f"import os\nu={uid!r}\nos.setgroups([]); os.setresgid(u,u,u); os.setresuid(u,u,u)\n"
-             if plan.privileged else "") + check]
+            (
+                f"import os\nu={uid!r}\nos.setgroups([]); os.setresgid(u,u,u); os.setresuid(u,u,u)\n"
+                if plan.privileged
+                else ""
+            )
+            + check
+        ]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, **kw)
         if p.returncode != 0 or "creditlab-sandbox-ok" not in p.stdout:
             return f"exit {p.returncode}: {p.stderr.strip()[-300:]}"
@@ -310,8 +365,16 @@ def _make_plan() -> Plan:
         # setpriv --pdeathsig: the sandbox dies with the thread that started it, as bwrap --die-with-parent
         prefix_cmd = [shutil.which("setpriv") or "setpriv", "--pdeathsig", "KILL"] if _has_pdeathsig_setpriv() else []
         if tier == "unshare":
-            prefix_cmd += [shutil.which("unshare") or "unshare", "--user", "--net", "--pid", "--fork", "--kill-child",
-                           "--mount", "--mount-proc"]
+            prefix_cmd += [
+                shutil.which("unshare") or "unshare",
+                "--user",
+                "--net",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount",
+                "--mount-proc",
+            ]
         # As root, the whole sandbox preferably runs as an unrelated uid, which must reach the
         # interpreter; privileged bwrap (root sets up, the harness drops the uid) is the last resort.
         candidates = [(interp, prefix, False) for interp, prefix in _interpreters(root)]
@@ -353,40 +416,70 @@ def sandbox_report() -> dict[str, Any]:
     """Which isolation layers are active here: the tier, the interpreter and one line per layer."""
     p = get_plan()
     ns = p.tier == "bwrap"
-    nproc = (f"enforced per sandbox (unique uid {UID_BASE}+)" if p.unique_uid
-             else "enforced per sandbox (user namespace)" if p.tier in ("bwrap", "unshare")
-             else "enforced on the caller's whole uid (shared with the pipeline)")
+    nproc = (
+        f"enforced per sandbox (unique uid {UID_BASE}+)"
+        if p.unique_uid
+        else "enforced per sandbox (user namespace)"
+        if p.tier in ("bwrap", "unshare")
+        else "enforced on the caller's whole uid (shared with the pipeline)"
+    )
     layers = {
         "process_per_solution": (p.tier != "none", "new session; a forked child per test"),
         "rlimits": (p.tier != "none", f"CPU, address space, file size, {NOFILE} open files, no core dumps"),
         "process_count_limit": (p.tier != "none" and (p.unique_uid or p.tier != "process"), nproc),
-        "wall_clock_kill": (p.tier != "none", "harness kills each test's group and then "
-                            + ("every sandbox process" if p.kill_all else "only that group")
-                            + "; parent kills the session" + (" and the pid namespace" if p.pid_namespace else "")),
+        "wall_clock_kill": (
+            p.tier != "none",
+            "harness kills each test's group and then "
+            + ("every sandbox process" if p.kill_all else "only that group")
+            + "; parent kills the session"
+            + (" and the pid namespace" if p.pid_namespace else ""),
+        ),
         "scrubbed_env": (p.tier != "none", "no inherited variables; python -I -S"),
-        "unprivileged_uid": (p.unique_uid or not p.root,
-                             "unique uid per sandbox" if p.unique_uid else "caller's uid (not root)" if not p.root
-                             else "runs as root"),
+        "unprivileged_uid": (
+            p.unique_uid or not p.root,
+            "unique uid per sandbox" if p.unique_uid else "caller's uid (not root)" if not p.root else "runs as root",
+        ),
         "pid_namespace": (p.pid_namespace, p.tier),
         "network_namespace": (p.tier in ("bwrap", "unshare"), "own loopback only" if p.tier != "process" else "none"),
-        "filesystem_isolation": (ns, "empty read-only root, /usr + interpreter read-only" if ns
-                                 else "none: host files readable"),
-        "scratch_dir": (p.tier != "none", "size-capped tmpfs inside the sandbox" if ns
-                        else "host temp dir, removed after"),
-        "nested_user_namespaces_blocked": (ns and not p.privileged, "bwrap --disable-userns" if ns and not p.privileged
-                                           else "no"),
+        "filesystem_isolation": (
+            ns,
+            "empty read-only root, /usr + interpreter read-only" if ns else "none: host files readable",
+        ),
+        "scratch_dir": (
+            p.tier != "none",
+            "size-capped tmpfs inside the sandbox" if ns else "host temp dir, removed after",
+        ),
+        "nested_user_namespaces_blocked": (
+            ns and not p.privileged,
+            "bwrap --disable-userns" if ns and not p.privileged else "no",
+        ),
         "total_memory_cap": (False, "per-process address space only (no memory cgroup)"),
-        "harness_isolation": (p.tier != "none" and (p.root or p.tier != "process"),
-                              "harness non-dumpable" + (", pid 1 of its pid namespace" if p.pid_namespace else "")
-                              + "; answers carry a per-run nonce the solution cannot read"
-                              + ("" if p.root or p.tier != "process" else
-                                 "; but the solution runs as the caller's uid and can reach the caller")),
-        "syscall_filter": (p.tier != "none" and _SECCOMP_ARCH,
-                           "seccomp on the solution: process-access calls denied (ptrace, process_vm_*, pidfd_*, "
-                           "kcmp, perf_event_open)" if _SECCOMP_ARCH else f"none on {os.uname().machine}"),
+        "harness_isolation": (
+            p.tier != "none" and (p.root or p.tier != "process"),
+            "harness non-dumpable"
+            + (", pid 1 of its pid namespace" if p.pid_namespace else "")
+            + "; answers carry a per-run nonce the solution cannot read"
+            + (
+                ""
+                if p.root or p.tier != "process"
+                else "; but the solution runs as the caller's uid and can reach the caller"
+            ),
+        ),
+        "syscall_filter": (
+            p.tier != "none" and _SECCOMP_ARCH,
+            "seccomp on the solution: process-access calls denied (ptrace, process_vm_*, pidfd_*, "
+            "kcmp, perf_event_open)"
+            if _SECCOMP_ARCH
+            else f"none on {os.uname().machine}",
+        ),
     }
-    return {"tier": p.tier, "interpreter": p.interpreter, "root": p.root, "notes": p.error,
-            "layers": {k: {"active": bool(a), "detail": d} for k, (a, d) in layers.items()}}
+    return {
+        "tier": p.tier,
+        "interpreter": p.interpreter,
+        "root": p.root,
+        "notes": p.error,
+        "layers": {k: {"active": bool(a), "detail": d} for k, (a, d) in layers.items()},
+    }
 
 
 def kill_tagged(token: str, settle_s: float = 2.0) -> None:
@@ -474,6 +567,7 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 def rmtree(path: str) -> None:
     """Remove a host scratch dir, whatever permissions the solution left on its files."""
+
     def fix(func, p, _exc):  # the solution may have removed permissions on its own files
         try:
             os.chmod(os.path.dirname(p), 0o700)
