@@ -7,6 +7,7 @@ advantages) and whether it predicts training gains. Each kind is a module with `
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -42,22 +43,29 @@ def analyze_params(kind: str) -> list[str]:
     (the modules import torch and transformers: planning the DAG checks paper configs' ``params`` against these names
     and should not pay for those imports). Equal to ``inspect.signature(kind_module(kind).analyze)`` minus ``ctx``
     (tested)."""
+    if kind not in _MODULES:
+        raise ValueError(f"unknown analysis kind {kind!r}; valid choices: {list(KINDS)}")
+    a = analyze_node(_MODULES[kind]).args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return [n for n in names if n != "ctx"]
+
+
+@functools.cache
+def analyze_node(module: str):
+    """The ``ast.FunctionDef`` of ``analyze`` in ``creditlab.analysis.<module>``, parsed from its source without
+    importing it (ValueError when it defines none)."""
     import ast
     from importlib.util import find_spec
 
-    if kind not in _MODULES:
-        raise ValueError(f"unknown analysis kind {kind!r}; valid choices: {list(KINDS)}")
-    spec = find_spec(f"creditlab.analysis.{_MODULES[kind]}")
+    spec = find_spec(f"creditlab.analysis.{module}")
     assert spec is not None and spec.origin is not None
     with open(spec.origin, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), filename=spec.origin)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "analyze":
-            a = node.args
-            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
-            names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
-            return [n for n in names if n != "ctx"]
-    raise ValueError(f"creditlab.analysis.{_MODULES[kind]} defines no analyze()")
+            return node
+    raise ValueError(f"creditlab.analysis.{module} defines no analyze()")
 
 
 def kind_module(kind: str):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 from functools import cache
-from importlib.util import find_spec
 from typing import Any
 
 
@@ -15,22 +14,17 @@ from typing import Any
 def analyze_defaults(kind_module: str) -> dict[str, Any]:
     """The literal keyword defaults of ``creditlab.analysis.<kind_module>.analyze``, read from its source (the
     module imports torch): one source of truth for the defaults the plan checks and the job uses."""
-    spec = find_spec(f"creditlab.analysis.{kind_module}")
-    assert spec is not None and spec.origin is not None
-    with open(spec.origin, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), filename=spec.origin)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "analyze":
-            a = node.args
-            out = {}
-            for arg, default in zip(a.kwonlyargs, a.kw_defaults):
-                if default is not None:
-                    try:
-                        out[arg.arg] = ast.literal_eval(default)
-                    except ValueError:
-                        pass
-            return out
-    raise ValueError(f"creditlab.analysis.{kind_module} defines no analyze()")
+    from creditlab.analysis import analyze_node
+
+    a = analyze_node(kind_module).args
+    out = {}
+    for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+        if default is not None:
+            try:
+                out[arg.arg] = ast.literal_eval(default)
+            except ValueError:
+                pass
+    return out
 
 
 def credit_fidelity_cost(params: dict[str, Any], cfg: dict[str, Any]) -> dict[str, float]:
