@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from creditlab.models.sources import run_sources
-from creditlab.tracking.mlflow_tracker import ParentRun
+from creditlab.tracking.mlflow_tracker import ParentRun, Tracker
 from creditlab.tracking.provenance import git_commit
 
 
@@ -50,6 +50,22 @@ def parent_run(run):
     """The MLflow parent run (its first table) of a planned run, or None."""
     where = run.parent_table
     return ParentRun.of_table(run.scale, *where) if where else None
+
+
+def start_run_tracker(results: str | Path, run, cfg: dict[str, Any], local_dir: Path) -> Tracker:
+    """Create or resume the MLflow run of a planned run (named and keyed by ``run.key``, its tags, the resolved config
+    as params, under its table's parent run); ``local_dir`` holds the offline fallback. Training and evaluation log
+    into this same run."""
+    return Tracker.start(
+        Path(results),
+        run.experiment,
+        run.key,
+        run.key,
+        tags=run_tags(run, cfg),
+        params=cfg,
+        local_dir=local_dir,
+        parent=parent_run(run),
+    )
 
 
 def run_tags(run, cfg: dict[str, Any]) -> dict[str, str]:

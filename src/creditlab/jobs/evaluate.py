@@ -14,7 +14,7 @@ import yaml
 
 from creditlab import paths
 from creditlab.data.io import read_records
-from creditlab.jobs.common import load_model, parent_run, run_tags, setup, sources, write_json
+from creditlab.jobs.common import load_model, setup, sources, start_run_tracker, write_json
 from creditlab.plan import run_config
 from creditlab.rewards.code.cases import parse_tests
 from creditlab.rewards.code.runner import max_run_seconds
@@ -92,16 +92,7 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
         config_path = out / "config.yaml"
         out.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        tracker = Tracker.start(
-            results,
-            run.experiment,
-            run.key,
-            run.key,
-            tags=run_tags(run, cfg),
-            params=cfg,
-            local_dir=out,
-            parent=parent_run(run),
-        )
+        tracker = start_run_tracker(results, run, cfg, out)
     settings = decode.settings(run.scale) if decode else None
     with tracker, ExitStack() as stack:  # tracker: ends the MLflow run it opened FAILED if anything below raises
         tok = src.load_tokenizer()  # tiny: the data's tokenizer; hub: model.tokenizer or the snapshot's own

@@ -19,10 +19,10 @@ from creditlab import paths
 from creditlab.data.io import read_records
 from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.trainer import Trainer, write_history
-from creditlab.jobs.common import load_model, load_tokenizer, parent_run, run_tags, setup, write_json
+from creditlab.jobs.common import load_model, load_tokenizer, setup, start_run_tracker, write_json
 from creditlab.plan import run_config
 from creditlab.rewards.scorer import RewardScorer
-from creditlab.tracking.mlflow_tracker import Tracker, tracking_uri
+from creditlab.tracking.mlflow_tracker import tracking_uri
 from creditlab.tracking.provenance import git_commit
 
 
@@ -44,16 +44,7 @@ def train(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     tok = load_tokenizer(data_dir)
     model = load_model(paths.fmt(paths.BASE_DIR, **fill))
-    tracker = Tracker.start(
-        Path(results),
-        run.experiment,
-        run.key,
-        run.key,
-        tags=run_tags(run, cfg),
-        params=cfg,
-        local_dir=run_dir,
-        parent=parent_run(run),
-    )
+    tracker = start_run_tracker(results, run, cfg, run_dir)
     with tracker:  # ends the MLflow run FAILED if anything below raises
         t0 = time.perf_counter()
         with RewardScorer(cfg["trainer"]["reward"], timeout_s=cfg["trainer"]["reward_timeout_s"]) as scorer:
@@ -118,16 +109,7 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
     run_paths.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     steps = int(cfg["trainer"]["steps"])
     resumed_at = launch.steps_done(ckpt_dir) or None
-    tracker = Tracker.start(
-        Path(results),
-        run.experiment,
-        run.key,
-        run.key,
-        tags=run_tags(run, cfg),
-        params=cfg,
-        local_dir=run_dir,
-        parent=parent_run(run),
-    )
+    tracker = start_run_tracker(results, run, cfg, run_dir)
     with tracker:  # ends the MLflow run FAILED if anything below raises (SystemExit included)
         t0 = time.perf_counter()
         argv, env = launch.verl_command(
