@@ -41,11 +41,14 @@ def test_cancellation_table_runs_and_analyses(cancellation_results):
     micro = cancellation_results / "micro"
     df = pd.read_csv(micro / "tables/cancellation/broken.csv")
     assert set(df["row"]) == {"Baseline", "+QB", "Sign-partitioned"}
-    assert set(df["column"]) == {"AIME24", "AMC", "MATH-500", "Avg"}
+    assert set(df["column"]) == {"AIME24", "AMC", "MATH-500", "Avg", "Split groups"}
+    split = df[df["column"] == "Split groups"].set_index("row")["ours_mean"]
+    assert split["+QB"] == 0 and split["Sign-partitioned"] > 0  # what each row's batching really did
     cfg = (micro / "runs/micro-s/qb-rb/s0/config.yaml").read_text()
     assert "batching: query_preserved" in cfg and "enable: true" in cfg
     rows = [json.loads(x) for x in (micro / "runs/micro-s/qb-rb/s0/metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and all("rb_emitted" in r and "rb_fill" in r for r in rows)
+    assert len(rows) == 4 and all("rb_rounds" in r and "rb_fill" in r for r in rows)
+    assert all("skipped" not in r and r["groups_split_frac"] == 0 for r in rows)  # RB updates every step
     flips = json.loads((micro / "analyses/cancellation/flipping.json").read_text())
     assert {r["mode"] for r in flips["rows"]} == {"joint", "positive_only", "negative_only", "shuffled"}
     assert flips["provenance"]["run_key"] == "micro/micro-s/dapo/s0" and flips["provenance"]["start"] == "base"
