@@ -4,6 +4,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -39,6 +40,39 @@ def make_trainer(method, tmp_path, overrides=()):
 # ---------------------------------------------------------------------------------------------------
 # the micro end-to-end DAG, shared by tests/test_pipeline_e2e.py and tests/test_browser.py
 from e2e import cancellation_results, delta_results, dfpo_main_results, micro_results, report_html  # noqa: E402,F401
+
+# ---------------------------------------------------------------------------------------------------
+# a real TransferQueue (Ray local mode, one storage unit) for the verl samplers' and trainer's tests
+# (tests/test_verl_plugin.py, tests/test_verl_dapo_cap.py); one per module
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    conf = OmegaConf.create(
+        {
+            "backend": {
+                "storage_backend": "SimpleStorage",
+                "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000},
+            }
+        }
+    )
+    tq.init(conf)
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def clear_partition(tq, partition="train"):
+    """Remove every key of a TransferQueue partition (tests start from an empty one)."""
+    keys = list((tq.kv_list(partition) or {}).get(partition, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=partition)
+
 
 # ---------------------------------------------------------------------------------------------------
 # parallel runs (`make test`: pytest -n 2 --dist loadgroup --no-loadscope-reorder). Each group of tests below is run

@@ -19,6 +19,7 @@ import torch
 import yaml
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
+from conftest import clear_partition
 from creditlab.engines.verl import plugin, samplers
 from creditlab.plan import compose as compose_run
 
@@ -27,38 +28,11 @@ TIED, MIXED = [1, 1, 1, 1], [1, 0, 0, 1]
 _UIDS = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def transfer_queue():
-    import ray
-    import transfer_queue as tq
-    from omegaconf import OmegaConf
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    conf = OmegaConf.create(
-        {
-            "backend": {
-                "storage_backend": "SimpleStorage",
-                "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000},
-            }
-        }
-    )
-    tq.init(conf)
-    yield tq
-    tq.close()
-    ray.shutdown()
-
-
 @pytest.fixture
 def tq(transfer_queue):
-    _clear(transfer_queue)
+    clear_partition(transfer_queue)
     yield transfer_queue
-    _clear(transfer_queue)
-
-
-def _clear(tq, partition="train"):
-    keys = list((tq.kv_list(partition) or {}).get(partition, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=partition)
+    clear_partition(transfer_queue)
 
 
 def _register(tq, step, status):
@@ -193,7 +167,7 @@ def test_within_the_cap_verls_filter_fills_the_batch_and_the_count_is_logged(tq)
     assert metrics["creditlab/n_gen_batches"] == 2.0 and metrics["creditlab/gen_prompts"] == 4.0
     assert metrics["training/filter_groups/evicted_samples"] == 1  # verl's own metrics are kept
     tq.kv_clear(keys=batch.keys, partition_id="train")  # what PPOTrainer.fit does after the step
-    _clear(tq)
+    clear_partition(tq)
 
     rollout.step = 2  # step 2: the budget starts again from the step's first batch
     rollout.script = [MIXED]

@@ -33,6 +33,7 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
+from conftest import clear_partition  # noqa: E402
 from creditlab.algos import registry  # noqa: E402
 from creditlab.algos.batching import RewardBalancedBuffer, sign_counts  # noqa: E402
 from creditlab.algos.credit.arca import arca_weights  # noqa: E402
@@ -632,27 +633,6 @@ def test_topk_proxy_runs_on_the_workers_as_in_the_local_engine():
 # a real TransferQueue
 
 
-@pytest.fixture(scope="module")
-def transfer_queue():
-    import ray
-    import transfer_queue as tq
-    from omegaconf import OmegaConf
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    conf = OmegaConf.create(
-        {
-            "backend": {
-                "storage_backend": "SimpleStorage",
-                "SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 10000},
-            }
-        }
-    )
-    tq.init(conf)
-    yield tq
-    tq.close()
-    ray.shutdown()
-
-
 _UIDS = itertools.count(1)
 
 
@@ -690,18 +670,12 @@ def _put_group(tq, rewards, step, partition="train", seq_lens=None):
     return uid, keys
 
 
-def _clear_partition(tq, partition="train"):
-    keys = list((tq.kv_list(partition) or {}).get(partition, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=partition)
-
-
 def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monkeypatch):
     """The RB sampler selects exactly what the local engine's RewardBalancedBuffer selects, keeps the rest in
     TransferQueue, evicts (and clears) aged groups, and asks for another generation round when no balanced
     batch exists."""
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
     refills: list[int] = []
     pending: list[list[float]] = []
@@ -761,7 +735,7 @@ def test_rb_sampler_against_a_real_transfer_queue(transfer_queue, tmp_path, monk
 
 def test_rb_sampler_on_exhausted_trains_the_oldest_groups(transfer_queue, tmp_path, monkeypatch):
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
     sampler = samplers.RewardBalancedSampler(
         "sync", {}, 8, "drop", {"rho": 0.25, "max_age": 2, "max_rounds": 1}, refill_fn=None, poll_interval=0.01
@@ -772,7 +746,7 @@ def test_rb_sampler_on_exhausted_trains_the_oldest_groups(transfer_queue, tmp_pa
     batch, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=2)
     assert metrics["training/rb/forced"] == 1.0
     assert sorted(dict.fromkeys(ordering.uid_of(k) for k in batch.keys)) == sorted([first, second])
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def _trainer_stub(verl_cfg, dp, **attrs):
@@ -810,7 +784,7 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     from transfer_queue import KVBatchMeta
 
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     dp, prompts, mini = 2, 16, 4  # 16 prompts x 4 rollouts, mini-batches of 4 prompts, 2 ranks
     verl_cfg = _verl_cfg(
         [
@@ -866,7 +840,7 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     assert split_verl >= 0.25 and scattered_verl >= 0.5 and m_verl["creditlab/groups_split_frac"] == split_verl
     for m in (m_verl, m_qb):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] < 0.1 * m["global_seqlen/mean"]
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cuts(transfer_queue):
@@ -876,7 +850,7 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
     from transfer_queue import KVBatchMeta
 
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     dp, prompts, mini = 2, 8, 2  # 8 prompts x 4 rollouts, mini-batches of 2 prompts (4 steps), 2 ranks
     verl_cfg = _verl_cfg(
         [
@@ -910,7 +884,7 @@ def test_sign_partitioned_order_gives_single_sign_optimizer_steps_under_verls_cu
         if name == "sign":
             assert metrics["creditlab/sign_mixed_minibatches"] == mixed[name]
     assert mixed["sign"] == 1 and mixed["verl"] == prompts // mini
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def test_zero_signal_frac_counts_groups_whose_advantages_all_vanish():
@@ -999,7 +973,7 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
     from creditlab.algos.batching import sequential_minibatches
 
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     dp, prompts, mini = 2, 16, 4  # 16 prompts x 4 rollouts, mini-batches of 4 prompts (4 steps), 2 ranks
     cfg = _run_cfg(
         "dfpo",
@@ -1103,7 +1077,7 @@ def test_sequential_order_survives_verls_mini_and_micro_batching(transfer_queue,
             micro, _ = prepare_micro_batches(mini_td)
             split |= any(list(mb["uid"]).count(u) < GROUP for mb in micro for u in mb["uid"])
     assert split
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tmp_path, monkeypatch):
@@ -1112,7 +1086,7 @@ def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tm
     from transfer_queue import KVBatchMeta
 
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     cfg = _run_cfg("dlogp", ["method.token_filter=[{name: forking, top_frac: 0.5}]"])
     path = _write_cfg(tmp_path, cfg)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, path)
@@ -1150,7 +1124,7 @@ def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tm
     assert torch.equal(torch.nested.to_padded_tensor(got[vtrainer.LOSS_MASK], 0.0), keep)
     assert 0 < metrics["creditlab/loss_token_frac"] < 1 and metrics["creditlab/eff_token_ratio"] < 1
     assert batch.keys == keys
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -1316,7 +1290,7 @@ def test_flipping_pass_reads_the_post_update_log_probs(transfer_queue):
     from transfer_queue import KVBatchMeta
 
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     keys = _put_group(tq, [1, 0, 1, 0], step=1, seq_lens=[4, 4, 4, 4])[1]
     old = torch.zeros(4, 4)
     delta = torch.tensor([[0.1, 0.1, 0.0, -0.1]] * 2 + [[-0.1, -0.1, -0.1, 0.0]] * 2)
@@ -1347,7 +1321,7 @@ def test_flipping_pass_reads_the_post_update_log_probs(transfer_queue):
     m = t._flipping_pass(KVBatchMeta(keys=keys, tags=[{}] * 4, partition_id="train"), eps=0.05)
     assert m["creditlab/flip/positive/boosted"] == 50.0 and m["creditlab/flip/positive/suppressed"] == 25.0
     assert m["creditlab/flip/negative/suppressed"] == 75.0 and m["creditlab/flip/negative/stable"] == 25.0
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, tmp_path, monkeypatch):
@@ -1355,7 +1329,7 @@ def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, t
     the waiting groups come back from tq.save/load_checkpoint, and with the sampler's state they keep their
     age (here: aged out at the next round with max_age 0, as in an uninterrupted run)."""
     tq = transfer_queue
-    _clear_partition(tq)
+    clear_partition(tq)
     monkeypatch.setenv(plugin.ENV_RUN_CONFIG, _write_cfg(tmp_path, _run_cfg("dapo", [RB_ON])))
     kwargs = {"rho": 0.25, "max_age": 0}
     sampler = samplers.RewardBalancedSampler("sync", {}, 8, "drop", kwargs, poll_interval=0.01)
@@ -1365,7 +1339,7 @@ def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, t
     tq.kv_clear(keys=batch.keys, partition_id="train")
     tq.save_checkpoint(str(tmp_path / "tq"))
     state = sampler.state_dict()
-    _clear_partition(tq)
+    clear_partition(tq)
     assert waiting not in (tq.kv_list("train") or {}).get("train", {})
     tq.load_checkpoint(str(tmp_path / "tq"))
     assert waiting in tq.kv_list("train")["train"]
@@ -1375,7 +1349,7 @@ def test_rb_waiting_groups_survive_a_transfer_queue_checkpoint(transfer_queue, t
     batch, metrics = resumed.sample(global_steps=2, partition_id="train", batch_size=1)
     assert metrics["training/rb/dropped"] == 1.0 and {ordering.uid_of(k) for k in batch.keys} == {fresh}
     assert waiting not in tq.kv_list("train")["train"]
-    _clear_partition(tq)
+    clear_partition(tq)
 
 
 def test_credit_pass_end_to_end_with_a_lora_adapter(cpu_engine):
