@@ -192,7 +192,9 @@ def verl_default_minibatches(
     """verl 0.9.1's default order (``trainer_base._balance_batch`` then dispatch and the actor's mini-batch
     iterator with ``shuffle=False``) [code], the baseline of Paper C:
 
-      1. the batch is padded to a multiple of R x M with no-op rollouts of ``VERL_PADDING_SEQ_LEN`` tokens;
+      1. the batch is padded to a multiple of R x M with no-op rollouts of ``VERL_PADDING_SEQ_LEN`` tokens (verl pads
+         to a multiple of lcm(R, its fixed mini-batch size) and so may make more mini-batches of a short batch; here M
+         stays M [ours]; a full batch, the usual case, needs no padding in either);
       2. :func:`ldm_partitions` splits it into R equal-size partitions of balanced workload
          (:func:`verl_workload` of L = prompt + response tokens), indices sorted inside each partition;
       3. rank r takes partition r; its rows are cut into M contiguous slices; mini-batch m = slice m of every rank.

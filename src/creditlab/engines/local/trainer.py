@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import json
 import math
 import os
@@ -517,11 +518,11 @@ class Trainer:
                 rows = [i for i, x in enumerate(new.group_ids) if x == g]
                 self.rb_buffer.add(_subset(new, rows), n_pos, n_neg, size, rnd)
 
-        def refill() -> None:  # one more round of prompts; generation indices past collect()'s (dynamic sampling)
-            pending.append(self._rollout_once(step, t_gen + len(extra)))
-            extra.append(pending[-1])
+        rounds = itertools.count(int(self.tcfg["max_gen_batches"]))  # generation indices past collect()'s
 
-        t_gen, extra = int(self.tcfg["max_gen_batches"]), []
+        def refill() -> None:  # one more round of prompts, same policy
+            pending.append(self._rollout_once(step, next(rounds)))
+
         chosen, stats, self.rb_round = rb_draw(
             self.rb_buffer,
             self.rb_round,
