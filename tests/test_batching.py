@@ -358,8 +358,8 @@ def test_ldm_partitions_equal_verls_partitioner(k, per, lengths, ties):
     all: the local engine's baseline order is verl's, not a look-alike."""
     from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
 
-    n = k * per
-    L = torch.tensor([x // 8 * 8 if ties else x for x in lengths[:n]] if n <= 96 else lengths * (n // 96 + 1))[:n]
+    n = k * per  # <= 96 = len(lengths)
+    L = torch.tensor([x // 8 * 8 if ties else x for x in lengths[:n]])  # ties: lengths rounded to multiples of 8
     ours = ldm_partitions(verl_workload(L).tolist(), k)
     theirs = get_seqlen_balanced_partitions(calculate_workload(L), k_partitions=k, equal_size=True)
     assert ours == theirs
@@ -396,7 +396,7 @@ def test_verl_default_minibatches_are_verls_optimizer_steps(prompts, G, M, R, se
     assert [sorted(mb.tolist()) for mb in ours] == _verl_steps(seq, R, M)
 
 
-def test_verl_default_pads_as_verl_and_uses_every_rollout_once():
+def test_verl_default_pads_a_short_batch_and_uses_every_rollout_once():
     gids = torch.arange(7).repeat_interleave(3)  # 21 rollouts, 8 ranks x 2 mini-batches: 11 padding rows
     mbs = verl_default_minibatches(gids, 2, torch.Generator(), seq_lengths=torch.arange(21) + 10, n_ranks=8)
     assert sorted(torch.cat(mbs).tolist()) == list(range(21))
