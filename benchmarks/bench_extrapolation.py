@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_sampler import interleaved, response_tokens  # noqa: E402
 
 from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
-from creditlab.lm.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import SamplingParams, generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
 ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -69,13 +69,13 @@ def timed(fn: Callable[[], tuple[list[list[int]], dict]]) -> Callable[[], tuple[
 def scenario(base, rl, prompts, name: str, *, eos: int, max_new: int, tau: float, gamma: float, top_p: float,
              repeats: int) -> dict:  # fmt: skip
     """plain / selective / always on the same prompts -> result record (tokens/s from the best times)."""
-    kw = dict(max_new_tokens=max_new, eos_id=eos, pad_id=PAD, seed=0, top_p=top_p)
+    params = SamplingParams(max_new_tokens=max_new, eos_id=eos, seed=0, top_p=top_p)
 
     def plain():
-        return generate(base, prompts, **kw).response_ids, {}
+        return generate(base, prompts, params).response_ids, {}
 
     def selective(threshold: float):
-        gen, stats = selective_generate(base, rl, prompts, threshold=threshold, gamma=gamma, **kw)
+        gen, stats = selective_generate(base, rl, prompts, params, threshold=threshold, gamma=gamma)
         return gen.response_ids, stats
 
     fns = {"plain": timed(plain), "selective": timed(lambda: selective(tau)),

@@ -62,17 +62,8 @@ def response_tokens(rows: list[list[int]], eos: int) -> int:
 def run_ours(model, prompts, *, greedy: bool, eos: int, max_new: int, batch_size: int | None = None):
     """Our sampler -> (seconds, response rows)."""
     start = time.perf_counter()
-    gen = sampler.generate(
-        model,
-        prompts,
-        max_new_tokens=max_new,
-        eos_id=eos,
-        pad_id=PAD,
-        greedy=greedy,
-        temperature=1.0,
-        seed=0,
-        batch_size=batch_size,
-    )
+    params = sampler.SamplingParams(max_new_tokens=max_new, eos_id=eos, greedy=greedy, temperature=1.0, seed=0)
+    gen = sampler.generate(model, prompts, params, batch_size=batch_size)
     return time.perf_counter() - start, gen.response_ids
 
 

@@ -17,7 +17,7 @@ import yaml  # noqa: E402
 import creditlab.models.tiny as tiny  # noqa: E402
 from creditlab.jobs.common import load_model  # noqa: E402
 from creditlab.lm.batch import pack, response_forward  # noqa: E402
-from creditlab.lm.sampler import generate, left_pad  # noqa: E402
+from creditlab.lm.sampler import SamplingParams, generate, left_pad  # noqa: E402
 from creditlab.models.tiny import build_model, n_params  # noqa: E402
 from creditlab.plan import CONFIG_DIR  # noqa: E402
 
@@ -56,10 +56,10 @@ def _truncate_at(tokens: list[int], eos: int) -> list[int]:
 def _assert_greedy_matches_hf(model, n_prompts: int = 10, max_new: int = 20) -> None:
     """Greedy sampler output == HF generate, with an EOS that ends some rows but not all."""
     prompts = _prompts(n_prompts)
-    free = generate(model, prompts, max_new_tokens=max_new, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids
+    free = generate(model, prompts, SamplingParams(max_new_tokens=max_new, eos_id=NO_EOS, greedy=True)).response_ids
     rows_with = {t: sum(t in r for r in free) for t in range(3, VOCAB)}
     eos = max((t for t in rows_with if 0 < rows_with[t] < len(prompts)), key=lambda t: rows_with[t])
-    ours = generate(model, prompts, max_new_tokens=max_new, eos_id=eos, pad_id=PAD, greedy=True)
+    ours = generate(model, prompts, SamplingParams(max_new_tokens=max_new, eos_id=eos, greedy=True))
     ids, mask = left_pad(prompts, PAD)
     with torch.no_grad():
         hf = model.generate(
@@ -138,8 +138,9 @@ def test_save_reload_round_trip(model, tmp_path):
     want, got = model.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     prompts = _prompts(4, seed=3)
-    a = generate(model, prompts, max_new_tokens=8, eos_id=NO_EOS, pad_id=PAD, greedy=True)
-    b = generate(loaded, prompts, max_new_tokens=8, eos_id=NO_EOS, pad_id=PAD, greedy=True)
+    greedy = SamplingParams(max_new_tokens=8, eos_id=NO_EOS, greedy=True)
+    a = generate(model, prompts, greedy)
+    b = generate(loaded, prompts, greedy)
     assert a.response_ids == b.response_ids
 
 

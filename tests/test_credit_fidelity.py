@@ -8,6 +8,7 @@ formulas, the start resolution, and a micro-scale run of the analyses declared i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -88,15 +89,11 @@ def test_metrics_match_a_direct_computation():
 
 
 # ------------------------------------------------------------------------------------------------ the estimator
-def _setup(tr):
+def _setup(tr, seed: int = 0) -> SamplingParams:
+    """The rollouts' sampling (the trainer's settings, the tokenizer's EOS)."""
     t = tr.tcfg
-    return dict(
-        max_new_tokens=t["max_new_tokens"],
-        temperature=t["temperature"],
-        top_p=t["top_p"],
-        eos_id=tr.tok.eos_token_id,
-        pad_id=tr.tok.pad_token_id,
-    )
+    return SamplingParams(max_new_tokens=t["max_new_tokens"], temperature=t["temperature"], top_p=t["top_p"],
+                          eos_id=tr.tok.eos_token_id, seed=seed)  # fmt: skip
 
 
 def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
@@ -107,14 +104,15 @@ def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
     rows = list(range(0, 64, 8))
     P, R = [ro.prompts[i] for i in rows], [ro.responses[i] for i in rows]
     reward = lambda toks, golds: [float(sum(x) % 3 == 0) for x in toks]
-    K, seed, kw = 4, 5, _setup(tr)
-    mc = coupled_outcomes(tr.model, P, R, [None] * len(rows), reward, K=K, seed=seed, **kw)
+    K, seed = 4, 5
+    params = _setup(tr, seed)
+    mc = coupled_outcomes(tr.model, P, R, [None] * len(rows), reward, params, K=K, pad_id=tr.tok.pad_token_id)
     prefixes, budgets, us, heads, where = [], [], [], [], []
     for i, resp in enumerate(R):
-        U = draw_uniforms(K, kw["max_new_tokens"], 1, item_seed(seed, i, 0, BRANCH))[..., 0]
+        U = draw_uniforms(K, params.max_new_tokens, 1, item_seed(seed, i, 0, BRANCH))[..., 0]
         for t in range(len(resp)):
             for j in range(K):
-                budget = kw["max_new_tokens"] - t
+                budget = params.max_new_tokens - t
                 prefixes.append(list(P[i]) + list(resp[:t]))
                 budgets.append(budget)
                 us.append(U[j, t : t + budget][None])
@@ -125,11 +123,8 @@ def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):
         prefixes,
         budgets,
         [0] * len(prefixes),
+        params,
         n=1,
-        eos_id=kw["eos_id"],
-        pad_id=kw["pad_id"],
-        temperature=kw["temperature"],
-        top_p=kw["top_p"],
         uniforms=us,
     )
     brute = reward([h + c[0] for h, c in zip(heads, conts)], [None] * len(heads))
@@ -145,15 +140,15 @@ def test_standard_error_is_calibrated_against_an_exact_advantage(world):
     1[y even] - p(even | prompt) (one forward), every later token's is 0. The estimate is unbiased and its paired
     standard error is the right size: the standardised errors have mean square ~1."""
     tr, ro = world
-    kw = _setup(tr)
+    params = dataclasses.replace(_setup(tr, seed=3), max_new_tokens=6)
     P, R = ro.prompts, [r[:6] for r in ro.responses]
     even = lambda toks, golds: [float(bool(x) and x[0] % 2 == 0) for x in toks]
     K = 32
-    mc = coupled_outcomes(tr.model, P, R, [None] * len(R), even, K=K, seed=3, **(kw | {"max_new_tokens": 6}))
+    mc = coupled_outcomes(tr.model, P, R, [None] * len(R), even, params, K=K, pad_id=tr.tok.pad_token_id)
     truth = token_truth(mc["C"])
     with torch.no_grad():
         lp = response_logprobs(tr.model, pack(P, R, tr.tok.pad_token_id))[:, 0]
-    probs = sampling_probs(lp, SamplingParams(temperature=kw["temperature"], top_p=kw["top_p"]))
+    probs = sampling_probs(lp, params)
     p_even = probs[:, 0::2].sum(-1).double()
     exact = torch.tensor([float(r[0] % 2 == 0) for r in R], dtype=torch.float64) - p_even
     a0 = torch.stack([a[0] for a in truth["adv"]])
@@ -171,20 +166,8 @@ def test_standard_error_is_calibrated_against_an_exact_advantage(world):
 # ------------------------------------------------------------------------------------------------- planted check
 def test_planted_check_reaches_the_ceiling_with_the_oracle_and_fails_with_a_shuffled_one(world):
     tr, ro = world
-    kw = _setup(tr)
-    res = planted_check(
-        tr.model,
-        ro.prompts,
-        ro.responses,
-        K=16,
-        length=6,
-        temperature=kw["temperature"],
-        top_p=kw["top_p"],
-        eos_id=kw["eos_id"],
-        pad_id=kw["pad_id"],
-        seed=0,
-        n_boot=200,
-    )
+    params = dataclasses.replace(_setup(tr, seed=0), max_new_tokens=6)  # the planted responses' length
+    res = planted_check(tr.model, ro.prompts, ro.responses, params, K=16, pad_id=tr.tok.pad_token_id, n_boot=200)
     m, ceiling = res["methods"], res["ceiling"]["ceiling"]
     assert res["max_abs_after_first"] == 0.0  # nothing after the marked token changes the reward: exactly 0
     assert ceiling > 0.5

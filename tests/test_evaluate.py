@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 import creditlab.eval.evaluate as evaluate_mod
 from creditlab.eval.evaluate import GREEDY_SAMPLE, evaluate_model
 from creditlab.eval.metrics import summarize_suite
+from creditlab.lm.sampler import SamplingParams
 from creditlab.rewards import RewardScorer
 from creditlab.stats import pass_at_k
 
@@ -74,14 +75,15 @@ def tiny_model(tokenizer) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(cfg)
 
 
-EVAL_KW = dict(k=3, ks=[1, 2, 3], max_new_tokens=10, temperature=1.0, top_p=0.7, template="tiny", seed=5)
+PARAMS = SamplingParams(max_new_tokens=10, temperature=1.0, top_p=0.7, seed=5)
+EVAL_KW = dict(k=3, ks=[1, 2, 3], template="tiny")
 
 
 def test_real_model_writes_complete_consistent_files(tmp_path: Path, tiny_model, tokenizer, scorer) -> None:
     suites = {"alpha": make_suite("alpha", 5, 3), "beta": make_suite("beta", 3, 7)}
     tiny_model.train()
-    result = evaluate_model(tiny_model, tokenizer, suites, scorer=scorer, out_dir=tmp_path / "ev", batch_size=4,
-                            progress=False, **EVAL_KW)  # fmt: skip
+    result = evaluate_model(tiny_model, tokenizer, suites, PARAMS, scorer=scorer, out_dir=tmp_path / "ev",
+                            batch_size=4, progress=False, **EVAL_KW)  # fmt: skip
     assert tiny_model.training  # mode restored
     on_disk = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert on_disk == json.loads(json.dumps(result))
@@ -98,9 +100,9 @@ def test_real_model_writes_complete_consistent_files(tmp_path: Path, tiny_model,
             assert r["prompt"] == f"Q: {rec['question']}\nA:" and r["gold"] == rec["answer"]
         for r in rows:
             assert r["suite"] == name
-            assert 1 <= r["n_tokens"] <= EVAL_KW["max_new_tokens"]
+            assert 1 <= r["n_tokens"] <= PARAMS.max_new_tokens
             assert r["correct"] == (r["score"] > 0)
-            assert r["n_tokens"] == EVAL_KW["max_new_tokens"] or r["finished"]  # stopped early only on EOS
+            assert r["n_tokens"] == PARAMS.max_new_tokens or r["finished"]  # stopped early only on EOS
         summary = on_disk["suites"][name]
         pq = summary["per_question"]
         assert summary["n_questions"] == len(records) and pq["n"] == 3
@@ -116,8 +118,9 @@ def test_real_model_writes_complete_consistent_files(tmp_path: Path, tiny_model,
 
 def test_real_model_is_deterministic_per_suite(tmp_path: Path, tiny_model, tokenizer, scorer) -> None:
     both = {"alpha": make_suite("alpha", 4, 3), "beta": make_suite("beta", 3, 7)}
-    evaluate_model(tiny_model, tokenizer, both, scorer=scorer, out_dir=tmp_path / "a", progress=False, **EVAL_KW)
-    evaluate_model(tiny_model, tokenizer, {"beta": both["beta"]}, scorer=scorer, out_dir=tmp_path / "b",
+    evaluate_model(tiny_model, tokenizer, both, PARAMS, scorer=scorer, out_dir=tmp_path / "a", progress=False,
+                   **EVAL_KW)  # fmt: skip
+    evaluate_model(tiny_model, tokenizer, {"beta": both["beta"]}, PARAMS, scorer=scorer, out_dir=tmp_path / "b",
                    progress=False, batch_size=2, **EVAL_KW)  # fmt: skip
     assert read_jsonl(tmp_path / "a" / "beta.jsonl") == read_jsonl(tmp_path / "b" / "beta.jsonl")
 
@@ -137,7 +140,8 @@ class ScriptedGenerate:
     def _ids(self, text: str) -> list[int]:
         return self.tok(text)["input_ids"][1:]  # drop BOS
 
-    def __call__(self, model, prompt_ids, *, greedy: bool, **kwargs) -> SimpleNamespace:
+    def __call__(self, model, prompt_ids, params: SamplingParams, **kwargs) -> SimpleNamespace:
+        greedy = params.greedy
         seen: dict[int, int] = {}
         k = max(1, len(prompt_ids) // len(self.golds))
         responses, finished = [], []
@@ -159,9 +163,9 @@ def test_known_outputs_give_expected_metrics(tmp_path: Path, tokenizer, scorer, 
     k, ks = 4, [1, 2, 4]
     fake = ScriptedGenerate(tokenizer, records, "tiny")
     monkeypatch.setattr(evaluate_mod, "generate", fake)
-    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"known": records}, k=k, ks=ks, max_new_tokens=32,
-                            temperature=1.0, top_p=0.7, template="tiny", seed=0, scorer=scorer,
-                            out_dir=tmp_path, progress=False)  # fmt: skip
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=0.7, seed=0)
+    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"known": records}, params, k=k, ks=ks,
+                            template="tiny", scorer=scorer, out_dir=tmp_path, progress=False)  # fmt: skip
     summary = result["suites"]["known"]
     counts = fake.correct_counts(k)
     greedy = [int(q % 2 == 0) for q in range(len(records))]
@@ -189,13 +193,14 @@ def test_average_over_suites_plain_vs_count(tmp_path: Path, tokenizer, scorer, m
     small, large = make_suite("small", 2, 1), make_suite("large", 6, 4)
     fake_small, fake_large = ScriptedGenerate(tokenizer, small, "tiny"), ScriptedGenerate(tokenizer, large, "tiny")
 
-    def fake(model, prompt_ids, **kw):
-        return (fake_small if tuple(prompt_ids[0]) in fake_small.index else fake_large)(model, prompt_ids, **kw)
+    def fake(model, prompt_ids, params, **kw):
+        return (fake_small if tuple(prompt_ids[0]) in fake_small.index else fake_large)(model, prompt_ids, params,
+                                                                                          **kw)  # fmt: skip
 
     monkeypatch.setattr(evaluate_mod, "generate", fake)
-    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"small": small, "large": large}, k=2, ks=[1],
-                            max_new_tokens=32, temperature=1.0, top_p=1.0, template="tiny", seed=0, scorer=scorer,
-                            out_dir=tmp_path, progress=False)  # fmt: skip
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0)
+    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"small": small, "large": large}, params, k=2, ks=[1],
+                            template="tiny", scorer=scorer, out_dir=tmp_path, progress=False)  # fmt: skip
     # greedy right on even questions: small 1/2, large 3/6 -> both 0.5; use pass@1 instead:
     # c_q = q mod 3 of k=2 -> small: (0 + 1) / 4, large: (0 + 1 + 2 + 0 + 1 + 2) / 12
     s_mean, l_mean = 1 / 4, 6 / 12
@@ -206,9 +211,9 @@ def test_average_over_suites_plain_vs_count(tmp_path: Path, tokenizer, scorer, m
 
 def test_bad_arguments_fail_before_decoding(tmp_path: Path, tokenizer, scorer) -> None:
     model = torch.nn.Linear(1, 1)
-    kw = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, template="tiny", seed=0, scorer=scorer,
-              out_dir=tmp_path, progress=False)  # fmt: skip
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
+    kw = dict(template="tiny", scorer=scorer, out_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="pass@j"):
-        evaluate_model(model, tokenizer, {"a": make_suite("a", 2, 1)}, k=2, ks=[4], **kw)
+        evaluate_model(model, tokenizer, {"a": make_suite("a", 2, 1)}, params, k=2, ks=[4], **kw)
     with pytest.raises(ValueError, match="without records"):
-        evaluate_model(model, tokenizer, {"a": []}, k=2, ks=[1], **kw)
+        evaluate_model(model, tokenizer, {"a": []}, params, k=2, ks=[1], **kw)

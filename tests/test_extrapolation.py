@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -276,8 +277,8 @@ def test_first_step_end_to_end_chi_square(base, rl) -> None:
     mass = sum(q[z] for z in range(VOCAB) if fired[z])
     exact = [q[y] * (not fired[y]) + mass * r[y] for y in range(VOCAB)]
     n = 20000
-    gen, stats = selective_generate(base, rl, [prompt] * n, threshold=tau, gamma=0.4, max_new_tokens=1,
-                                    eos_id=-1, pad_id=PAD, seed=11)  # fmt: skip
+    gen, stats = selective_generate(base, rl, [prompt] * n, SamplingParams(max_new_tokens=1, eos_id=-1, seed=11),
+                                    threshold=tau, gamma=0.4)  # fmt: skip
     counts = torch.bincount(torch.tensor([r_[0] for r_ in gen.response_ids]), minlength=VOCAB).double()
     expected = torch.tensor(exact, dtype=torch.float64) * n
     big = expected >= 5
@@ -339,8 +340,8 @@ def test_sequences_match_teacher_forced_reference(base, rl, criterion, threshold
     primary, secondary = (rl, base) if decode_with == "rl" else (base, rl)
     settings = dict(criterion=criterion, threshold=threshold, gamma=gamma, decode_with=decode_with,
                     fire_when=fire_when, top_k_support=k)  # fmt: skip
-    kw = dict(max_new_tokens=12, eos_id=EOS, pad_id=PAD, seed=7, greedy=greedy, temperature=0.9, top_p=0.95)
-    gen, stats = selective_generate(primary, secondary, prompts, batch_size=4, **settings, **kw)
+    params = SamplingParams(max_new_tokens=12, eos_id=EOS, seed=7, greedy=greedy, temperature=0.9, top_p=0.95)
+    gen, stats = selective_generate(primary, secondary, prompts, params, batch_size=4, **settings)
     rule = make_rule(**settings, params=SamplingParams(greedy=greedy, temperature=0.9, top_p=0.95))
     ref, resampled, changed = _reference_decode(primary, secondary, prompts, gen.response_ids, rule=rule, seed=7,
                                                 max_new=12)  # fmt: skip
@@ -357,45 +358,46 @@ def test_sequences_match_teacher_forced_reference(base, rl, criterion, threshold
 
 def test_never_fires_is_token_identical_to_the_plain_sampler(base, rl) -> None:
     prompts = _prompts(12, seed=2)
-    kw = dict(max_new_tokens=15, eos_id=EOS, pad_id=PAD, seed=3, temperature=0.7, top_p=0.9)
-    plain = generate(base, prompts, **kw)
-    gen, stats = selective_generate(base, rl, prompts, threshold=-INF, gamma=0.5, **kw)
+    params = SamplingParams(max_new_tokens=15, eos_id=EOS, seed=3, temperature=0.7, top_p=0.9)
+    plain = generate(base, prompts, params)
+    gen, stats = selective_generate(base, rl, prompts, params, threshold=-INF, gamma=0.5)
     assert gen == plain and sum(stats["resampled"]) == 0 and sum(stats["changed"]) == 0
-    gen_rl, _ = selective_generate(rl, base, prompts, threshold=INF, gamma=0.5, decode_with="rl", **kw)
-    assert gen_rl == generate(rl, prompts, **kw)  # dlogp fires on >= tau when pi_RL decodes
+    gen_rl, _ = selective_generate(rl, base, prompts, params, threshold=INF, gamma=0.5, decode_with="rl")
+    assert gen_rl == generate(rl, prompts, params)  # dlogp fires on >= tau when pi_RL decodes
 
 
 def test_greedy_edge_cases_match_single_model_greedy(base, rl) -> None:
     prompts = _prompts(8, seed=3)
-    kw = dict(max_new_tokens=10, eos_id=EOS, pad_id=PAD, greedy=True)
-    never, _ = selective_generate(base, rl, prompts, threshold=-INF, gamma=0.3, **kw)
-    always, stats = selective_generate(base, rl, prompts, threshold=INF, gamma=0.0, **kw)
-    assert never == generate(base, prompts, **kw)
-    assert always == generate(rl, prompts, **kw)  # replace-only everywhere = pi_RL
+    params = SamplingParams(max_new_tokens=10, eos_id=EOS, greedy=True)
+    never, _ = selective_generate(base, rl, prompts, params, threshold=-INF, gamma=0.3)
+    always, stats = selective_generate(base, rl, prompts, params, threshold=INF, gamma=0.0)
+    assert never == generate(base, prompts, params)
+    assert always == generate(rl, prompts, params)  # replace-only everywhere = pi_RL
     assert stats["resampled"] == stats["n_tokens"]
 
 
 def test_deterministic_and_batch_size_invariant(base, rl) -> None:
     prompts = _prompts(10, seed=4)
-    kw = dict(criterion="random", threshold=0.4, gamma=0.2, max_new_tokens=10, eos_id=EOS, pad_id=PAD)
-    a = selective_generate(base, rl, prompts, seed=5, **kw)
-    assert selective_generate(base, rl, prompts, seed=5, **kw) == a
-    assert selective_generate(base, rl, prompts, seed=5, batch_size=3, **kw) == a
-    assert selective_generate(base, rl, prompts, seed=6, **kw)[0] != a[0]
+    kw = dict(criterion="random", threshold=0.4, gamma=0.2)
+    params = SamplingParams(max_new_tokens=10, eos_id=EOS, seed=5)
+    a = selective_generate(base, rl, prompts, params, **kw)
+    assert selective_generate(base, rl, prompts, params, **kw) == a
+    assert selective_generate(base, rl, prompts, params, batch_size=3, **kw) == a
+    assert selective_generate(base, rl, prompts, replace(params, seed=6), **kw)[0] != a[0]
 
 
 def test_bad_settings_fail_early(base, rl) -> None:
-    kw = dict(threshold=0.0, gamma=0.1, max_new_tokens=2, eos_id=EOS, pad_id=PAD)
+    kw = dict(threshold=0.0, gamma=0.1)
+    params = SamplingParams(max_new_tokens=2, eos_id=EOS)
     with pytest.raises(ValueError, match="decode_with"):
-        selective_generate(base, rl, [[BOS]], decode_with="both", **kw)
+        selective_generate(base, rl, [[BOS]], params, decode_with="both", **kw)
     with pytest.raises(ValueError, match="top_k_support"):
         make_selective_generate_fn(base, rl, threshold=0.0, gamma=0.1, top_k_support=0)
     with pytest.raises(KeyError):
         make_selective_generate_fn(base, rl, criterion="nope", threshold=0.0, gamma=0.1)
     with pytest.raises(ValueError, match="direction"):
-        selective_generate(base, rl, [[BOS]], fire_when="lt", **kw)
-    empty, stats = selective_generate(base, rl, [[BOS]], threshold=0.0, gamma=0.1, max_new_tokens=0, eos_id=EOS,
-                                      pad_id=PAD)  # fmt: skip
+        selective_generate(base, rl, [[BOS]], params, fire_when="lt", **kw)
+    empty, stats = selective_generate(base, rl, [[BOS]], SamplingParams(max_new_tokens=0, eos_id=EOS), **kw)
     assert empty.response_ids == [[]] and stats == {"n_tokens": [0], "resampled": [0], "changed": [0]}
 
 
@@ -410,14 +412,15 @@ def test_evaluate_model_with_selective_generate_fn(tmp_path: Path) -> None:
     base_m, rl_m = _model(0, vocab), _model(1, vocab)
     rl_m.train()
     suites = {"s": _records(4)}
-    kw = dict(k=3, ks=[1, 3], max_new_tokens=24, temperature=1.0, top_p=0.9, template="tiny", seed=2,
-              batch_size=5, progress=False)  # fmt: skip
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, seed=2)
+    kw = dict(k=3, ks=[1, 3], template="tiny", batch_size=5, progress=False)
     with RewardScorer("math_verify", timeout_s=5.0) as scorer:
         fn = make_selective_generate_fn(base_m, rl_m, threshold=-0.2, gamma=0.3)
-        result = evaluate_model(None, tok, suites, generate_fn=fn, scorer=scorer, out_dir=tmp_path / "sel", **kw)
-        plain = evaluate_model(base_m, tok, suites, scorer=scorer, out_dir=tmp_path / "plain", **kw)
+        result = evaluate_model(None, tok, suites, params, generate_fn=fn, scorer=scorer, out_dir=tmp_path / "sel",
+                                **kw)  # fmt: skip
+        plain = evaluate_model(base_m, tok, suites, params, scorer=scorer, out_dir=tmp_path / "plain", **kw)
         never = make_selective_generate_fn(base_m, rl_m, threshold=-INF, gamma=0.3)
-        evaluate_model(None, tok, suites, generate_fn=never, scorer=scorer, out_dir=tmp_path / "never", **kw)
+        evaluate_model(None, tok, suites, params, generate_fn=never, scorer=scorer, out_dir=tmp_path / "never", **kw)
     assert rl_m.training and not base_m.training  # modes restored
     rows = [json.loads(line) for line in (tmp_path / "sel" / "s.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * (1 + 3)
@@ -444,4 +447,4 @@ def test_evaluate_model_with_selective_generate_fn(tmp_path: Path) -> None:
     assert [r["response"] for r in never_rows] == [r["response"] for r in plain_rows]
     assert all(r["resampled"] == 0 for r in never_rows)
     with pytest.raises(ValueError, match="model or a generate_fn"):
-        evaluate_model(None, tok, suites, scorer=None, out_dir=tmp_path / "x", **kw)
+        evaluate_model(None, tok, suites, params, scorer=None, out_dir=tmp_path / "x", **kw)

@@ -92,22 +92,24 @@ def test_hub_runs_resolve_to_the_snapshot_the_merged_model_and_the_prepared_set(
 
 
 def test_the_sampler_stops_on_any_of_several_stop_tokens():
-    from creditlab.lm.sampler import generate
+    from creditlab.lm.sampler import SamplingParams, generate
     from creditlab.models.tiny import build_model
     from creditlab.plan import compose
 
     model = build_model(compose("micro", "micro-s")["model"]["arch"], 12, 0, 1, 2, seed=0).eval()
     prompts = [[1, 5, 6], [1, 7], [1, 3, 4, 8]]
-    free = generate(model, prompts, max_new_tokens=12, eos_id=99, pad_id=0, seed=3)  # 99: never sampled
+    free = generate(model, prompts, SamplingParams(max_new_tokens=12, eos_id=99, seed=3))  # 99: never sampled
     first = free.response_ids[0][2]
     stops = [first, 2]
-    stopped = generate(model, prompts, max_new_tokens=12, eos_id=stops, pad_id=0, seed=3)
+    stopped = generate(model, prompts, SamplingParams(max_new_tokens=12, eos_id=stops, seed=3))
     for full, cut, done in zip(free.response_ids, stopped.response_ids, stopped.finished):
         k = next((i for i, t in enumerate(full) if t in stops), None)
         assert cut == (full if k is None else full[: k + 1]) and done == (k is not None)
     assert stopped.response_ids[0][-1] == first
-    single = generate(model, prompts, max_new_tokens=12, eos_id=2, pad_id=0, seed=3)
-    assert single.response_ids == generate(model, prompts, max_new_tokens=12, eos_id=[2], pad_id=0, seed=3).response_ids
+    single = generate(model, prompts, SamplingParams(max_new_tokens=12, eos_id=2, seed=3))
+    one_list = SamplingParams(max_new_tokens=12, eos_id=[2], seed=3)
+    assert one_list.eos_id == (2,)  # a list of stop tokens is kept as a tuple
+    assert single.response_ids == generate(model, prompts, one_list).response_ids
 
 
 # ------------------------------------------------------------------------------------------------ a smoke world

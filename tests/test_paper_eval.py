@@ -40,7 +40,7 @@ from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
 from creditlab.eval.evaluate import GREEDY_SAMPLE, encode_prompts  # noqa: E402
 from creditlab.jobs.evaluate import evaluate_run, evaluate_suites  # noqa: E402
-from creditlab.lm.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import SamplingParams, generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 from creditlab.plan import CONFIG_DIR, build_plan, run_config  # noqa: E402
 from hub_fixtures import HUB, fixture  # noqa: E402
@@ -155,8 +155,7 @@ def test_hub_model_evaluation_through_vllm(hub_world, monkeypatch) -> None:
         assert ("```python" in prompts[0]) == (suite == "livecodebench-v6")
         # greedy through vLLM = the local sampler on the same weights and the same (chat) prompt ids
         greedy = [r for r in rows if r["sample"] == GREEDY_SAMPLE]
-        local = generate(model, ids, max_new_tokens=10, eos_id=w["tok"].eos_token_id, pad_id=w["tok"].pad_token_id,
-                         greedy=True)  # fmt: skip
+        local = generate(model, ids, SamplingParams(max_new_tokens=10, eos_id=w["tok"].eos_token_id, greedy=True))
         assert [r["response"] for r in greedy] == [w["tok"].decode(x, skip_special_tokens=True)
                                                    for x in local.response_ids]  # fmt: skip
     # the base model's MLflow run holds the metrics
@@ -199,10 +198,10 @@ def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
             by_prompt[tuple(x)] = rec
 
     def scripted(right: bool):
-        def fn(prompt_ids, **decoding):
+        def fn(prompt_ids, params, **loop):
             from creditlab.lm.sampler import Generation
 
-            assert decoding["eos_id"] == [tok.eos_token_id, w["im_end"]]
+            assert params.eos_id == (tok.eos_token_id, w["im_end"])
             texts = [(_right if right else _wrong)(by_prompt[tuple(p)]) for p in prompt_ids]
             responses = [tok(t, add_special_tokens=False)["input_ids"] + [w["im_end"]] for t in texts]
             return Generation([list(p) for p in prompt_ids], responses, [True] * len(responses)), {}

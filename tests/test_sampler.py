@@ -4,6 +4,7 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import dataclasses  # noqa: E402
 import math  # noqa: E402
 
 import pytest  # noqa: E402
@@ -89,14 +90,14 @@ def _chi2_critical(df: int, z: float = 3.719) -> float:
 
 
 def _first_token_counts(model, prompt: list[int], n: int, seed: int = 0, **kw) -> torch.Tensor:
-    gen = generate(model, [prompt] * n, max_new_tokens=1, eos_id=NO_EOS, pad_id=PAD, seed=seed, **kw)
+    gen = generate(model, [prompt] * n, SamplingParams(max_new_tokens=1, eos_id=NO_EOS, seed=seed, **kw))
     first = torch.tensor([r[0] for r in gen.response_ids])
     return torch.bincount(first, minlength=VOCAB).double()
 
 
 def _eos_hit_by_some_rows(model, prompts: list[list[int]], max_new: int) -> int:
     """A token that greedy decoding emits in some rows but not in others (to use as EOS)."""
-    free = generate(model, prompts, max_new_tokens=max_new, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids
+    free = generate(model, prompts, SamplingParams(max_new_tokens=max_new, eos_id=NO_EOS, greedy=True)).response_ids
     rows_with = {t: sum(t in r for r in free) for t in range(3, VOCAB)}
     return max((t for t in rows_with if 0 < rows_with[t] < len(prompts)), key=lambda t: rows_with[t])
 
@@ -105,7 +106,7 @@ def _eos_hit_by_some_rows(model, prompts: list[list[int]], max_new: int) -> int:
 def test_greedy_matches_hf_generate(model):
     prompts = _prompts(12)
     eos = _eos_hit_by_some_rows(model, prompts, 24)
-    ours = generate(model, prompts, max_new_tokens=24, eos_id=eos, pad_id=PAD, greedy=True)
+    ours = generate(model, prompts, SamplingParams(max_new_tokens=24, eos_id=eos, greedy=True))
 
     ids, mask = left_pad(prompts, PAD)
     with torch.no_grad():
@@ -121,10 +122,9 @@ def test_greedy_matches_hf_generate(model):
 
 def test_greedy_batched_equals_each_prompt_alone(model):
     prompts = _prompts(9, lo=2, hi=20, seed=1)
-    batched = generate(model, prompts, max_new_tokens=16, eos_id=NO_EOS, pad_id=PAD, greedy=True)
-    alone = [
-        generate(model, [p], max_new_tokens=16, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids[0] for p in prompts
-    ]
+    params = SamplingParams(max_new_tokens=16, eos_id=NO_EOS, greedy=True)
+    batched = generate(model, prompts, params)
+    alone = [generate(model, [p], params).response_ids[0] for p in prompts]
     assert batched.response_ids == alone
     assert batched.prompt_ids == prompts
 
@@ -134,7 +134,7 @@ def test_greedy_step_logits_match_full_forward(model):
     prompts = _prompts(4, seed=2)
     ids, mask = left_pad(prompts, PAD)
     state = DecodeState(model)
-    gen = generate(model, prompts, max_new_tokens=6, eos_id=NO_EOS, pad_id=PAD, greedy=True)
+    gen = generate(model, prompts, SamplingParams(max_new_tokens=6, eos_id=NO_EOS, greedy=True))
     with torch.no_grad(), decode_attention_enabled(model):
         logits = state.prefill(ids, mask, max_new_tokens=6)
         for t in range(6):
@@ -146,8 +146,8 @@ def test_greedy_step_logits_match_full_forward(model):
 # ------------------------------------------------------------------------------------------------ EOS
 def test_eos_stops_row_and_is_included(model):
     prompts = _prompts(40, seed=3)
-    free = generate(model, prompts, max_new_tokens=30, eos_id=NO_EOS, pad_id=PAD, seed=7)
-    gen = generate(model, prompts, max_new_tokens=30, eos_id=EOS, pad_id=PAD, seed=7)
+    free = generate(model, prompts, SamplingParams(max_new_tokens=30, eos_id=NO_EOS, seed=7))
+    gen = generate(model, prompts, SamplingParams(max_new_tokens=30, eos_id=EOS, seed=7))
     assert any(gen.finished) and not all(gen.finished)
     for resp, done, full in zip(gen.response_ids, gen.finished, free.response_ids):
         assert EOS not in resp[:-1]  # nothing generated after EOS
@@ -159,33 +159,53 @@ def test_eos_stops_row_and_is_included(model):
 
 def test_all_rows_done_early_and_zero_tokens(model):
     prompts = _prompts(3, seed=4)
-    first = generate(model, prompts, max_new_tokens=1, eos_id=NO_EOS, pad_id=PAD, greedy=True).response_ids
+    first = generate(model, prompts, SamplingParams(max_new_tokens=1, eos_id=NO_EOS, greedy=True)).response_ids
     eos = first[0][0]
-    gen = generate(model, prompts[:1], max_new_tokens=50, eos_id=eos, pad_id=PAD, greedy=True)
+    gen = generate(model, prompts[:1], SamplingParams(max_new_tokens=50, eos_id=eos, greedy=True))
     assert gen.response_ids == [[eos]] and gen.finished == [True]
-    empty = generate(model, prompts, max_new_tokens=0, eos_id=EOS, pad_id=PAD)
+    empty = generate(model, prompts, SamplingParams(max_new_tokens=0, eos_id=EOS))
     assert empty.response_ids == [[], [], []] and empty.finished == [False] * 3
-    assert generate(model, [], max_new_tokens=5, eos_id=EOS, pad_id=PAD).response_ids == []
+    assert generate(model, [], SamplingParams(max_new_tokens=5, eos_id=EOS)).response_ids == []
 
 
 @pytest.mark.parametrize("fraction", [1e-9, 0.5, 2.0])  # compact at every EOS, sometimes, never
 def test_row_compaction_does_not_change_outputs(model, monkeypatch, fraction):
     prompts = _prompts(24, seed=13)
-    kw = dict(max_new_tokens=25, eos_id=EOS, pad_id=PAD, seed=5)
-    reference = generate(model, prompts, **kw)
+    params = SamplingParams(max_new_tokens=25, eos_id=EOS, seed=5)
+    reference = generate(model, prompts, params)
     monkeypatch.setattr(sampler_module, "COMPACT_FRACTION", fraction)
-    assert generate(model, prompts, **kw) == reference
+    assert generate(model, prompts, params) == reference
     assert 3 < sum(reference.finished) < 21
+
+
+def test_sampling_params_stop_tokens_and_padding_id(model, monkeypatch):
+    """eos_id: one id, several (a list kept as a tuple) or None (no stop token); the padding id is not an input."""
+    params = SamplingParams(max_new_tokens=3, eos_id=[EOS, 5])
+    assert params.eos_id == (EOS, 5) and params.stop_ids == (EOS, 5) and params.length() == 3
+    assert SamplingParams(eos_id=EOS).stop_ids == (EOS,) and SamplingParams().stop_ids == ()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams().length()
+    with pytest.raises(TypeError):
+        SamplingParams(True)  # keyword-only
+    prompts = _prompts(10, lo=2, hi=16, seed=14)
+    free = generate(model, prompts, SamplingParams(max_new_tokens=15, seed=2))  # eos_id None
+    assert free == generate(model, prompts, SamplingParams(max_new_tokens=15, eos_id=NO_EOS, seed=2))
+    assert not any(free.finished) and all(len(r) == 15 for r in free.response_ids)
+    stopped = generate(model, prompts, SamplingParams(max_new_tokens=15, eos_id=EOS, seed=2))
+    assert any(stopped.finished) and not all(stopped.finished)
+    # prompts are left-padded (and finished rows fed) with PAD_ID: any id of the vocabulary gives the same outputs
+    monkeypatch.setattr(sampler_module, "PAD_ID", VOCAB - 1)
+    assert generate(model, prompts, SamplingParams(max_new_tokens=15, eos_id=EOS, seed=2)) == stopped
 
 
 # ------------------------------------------------------------------------------------------------ randomness
 def test_sampling_is_reproducible_and_batch_size_invariant(model):
     prompts = _prompts(20, seed=5)
-    kw = dict(max_new_tokens=20, eos_id=EOS, pad_id=PAD, temperature=1.2, top_p=0.9)
-    a = generate(model, prompts, seed=11, **kw)
-    b = generate(model, prompts, seed=11, **kw)
-    c = generate(model, prompts, seed=12, **kw)
-    d = generate(model, prompts, seed=11, batch_size=3, **kw)
+    params = SamplingParams(max_new_tokens=20, eos_id=EOS, temperature=1.2, top_p=0.9, seed=11)
+    a = generate(model, prompts, params)
+    b = generate(model, prompts, params)
+    c = generate(model, prompts, dataclasses.replace(params, seed=12))
+    d = generate(model, prompts, params, batch_size=3)
     assert a == b
     assert a.response_ids != c.response_ids
     assert d == a  # randomness is keyed by (prompt index, step), not by batch
@@ -204,7 +224,7 @@ def test_first_token_frequencies_match_tempered_softmax(model):
 
 def test_second_token_distribution_through_the_cache(model):
     prompt = _prompts(1, seed=8)[0]
-    gen = generate(model, [prompt] * 6000, max_new_tokens=2, eos_id=NO_EOS, pad_id=PAD, seed=3)
+    gen = generate(model, [prompt] * 6000, SamplingParams(max_new_tokens=2, eos_id=NO_EOS, seed=3))
     first = torch.tensor([r[0] for r in gen.response_ids])
     a = int(torch.bincount(first).argmax())
     second = torch.tensor([r[1] for r in gen.response_ids if r[0] == a])
@@ -267,19 +287,16 @@ def test_inverse_cdf_never_picks_zero_probability_entries():
 def test_generate_with_two_states(model):
     other = _model(1)
     prompts = _prompts(10, seed=10)
-    kw = dict(max_new_tokens=20, eos_id=EOS, pad_id=PAD, seed=4)
-    params = SamplingParams(temperature=0.9)
-    second_only = generate_with(
-        [DecodeState(model), DecodeState(other)], lambda ls: ls[1], prompts, params=params, **kw
-    )
-    assert second_only == generate(other, prompts, temperature=0.9, **kw)
+    params = SamplingParams(temperature=0.9, max_new_tokens=20, eos_id=EOS, seed=4)
+    second_only = generate_with([DecodeState(model), DecodeState(other)], lambda ls: ls[1], prompts, params)
+    assert second_only == generate(other, prompts, params)
 
     def mix(ls: list[torch.Tensor]) -> torch.Tensor:
         lp_a, lp_b = (torch.log_softmax(x, -1) for x in ls)
         return lp_a + 0.5 * (lp_a - lp_b)
 
     mixed = generate_with(
-        [DecodeState(model), DecodeState(other)], mix, prompts, params=SamplingParams(greedy=True), **kw
+        [DecodeState(model), DecodeState(other)], mix, prompts, dataclasses.replace(params, greedy=True)
     )
     # reference: recompute the mixed argmax with full forwards on the chosen prefix
     for p, r in zip(prompts, mixed.response_ids):
@@ -292,23 +309,31 @@ def test_generate_with_two_states(model):
 def test_model_attention_restored_and_bad_args(model):
     before = model.config._attn_implementation
     assert before != ATTN_IMPL
-    generate(model, _prompts(2), max_new_tokens=3, eos_id=EOS, pad_id=PAD, progress=True)
+    params = SamplingParams(max_new_tokens=3, eos_id=EOS)
+    generate(model, _prompts(2), params, progress=True)
     assert model.config._attn_implementation == before
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(max_new_tokens=3, eos_id=EOS, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(max_new_tokens=3, eos_id=EOS, top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(max_new_tokens=3, eos_id=EOS, top_k=-1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=-1, eos_id=EOS)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, _prompts(2), SamplingParams(eos_id=EOS))  # a decoder needs a length
     with pytest.raises(ValueError):
-        generate(model, _prompts(2), max_new_tokens=3, eos_id=EOS, pad_id=PAD, temperature=0.0)
-    with pytest.raises(ValueError):
-        generate(model, _prompts(2), max_new_tokens=3, eos_id=EOS, pad_id=PAD, top_p=0.0)
-    with pytest.raises(ValueError):
-        generate(model, [[BOS], []], max_new_tokens=3, eos_id=EOS, pad_id=PAD)
+        generate(model, [[BOS], []], params)
     assert model.config._attn_implementation == before
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu(model):
     prompts = _prompts(8, seed=12)
-    cpu = generate(model, prompts, max_new_tokens=12, eos_id=NO_EOS, pad_id=PAD, greedy=True)
+    greedy = SamplingParams(max_new_tokens=12, eos_id=NO_EOS, greedy=True)
+    cpu = generate(model, prompts, greedy)
     gpu_model = _model(0).cuda()
-    gpu = generate(gpu_model, prompts, max_new_tokens=12, eos_id=NO_EOS, pad_id=PAD, greedy=True)
+    gpu = generate(gpu_model, prompts, greedy)
     assert gpu.response_ids == cpu.response_ids
-    sampled = generate(gpu_model, prompts, max_new_tokens=12, eos_id=EOS, pad_id=PAD, seed=1)
+    sampled = generate(gpu_model, prompts, SamplingParams(max_new_tokens=12, eos_id=EOS, seed=1))
     assert all(len(r) <= 12 for r in sampled.response_ids)

@@ -284,7 +284,7 @@ def test_shipped_configs_have_the_transfer_suites() -> None:
 def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Path, dict], tmp_path: Path) -> None:
     """`creditlab evaluate`'s path with scripted responses: gold solutions score 1 on every suite, wrong ones 0."""
     from creditlab.jobs.evaluate import evaluate_suites
-    from creditlab.lm.sampler import Generation
+    from creditlab.lm.sampler import Generation, SamplingParams
     from creditlab.plan import compose
 
     out, _ = prepared
@@ -302,7 +302,8 @@ def test_evaluator_judges_each_transfer_suite_by_its_verifier(prepared: tuple[Pa
         return rec["solution"].replace("\\boxed{", "\\boxed{1")
 
     def scripted(right: bool):
-        def fn(prompt_ids, **decoding):
+        def fn(prompt_ids, params, **loop):  # a GenerateFn: (prompt_ids, SamplingParams, *, batch_size, progress)
+            assert isinstance(params, SamplingParams) and params.max_new_tokens == cfg["eval"]["max_new_tokens"]
             texts = [
                 render_response((by_prompt[tuple(p)]["solution"] if right else wrong(by_prompt[tuple(p)])), "tiny")
                 for p in prompt_ids

@@ -17,7 +17,7 @@ from creditlab.analysis.value import (
     token_values_mc,
     value_gap,
 )
-from creditlab.lm.sampler import generate
+from creditlab.lm.sampler import SamplingParams, generate
 
 MAX_NEW, TEMP, TOP_P = 32, 1.0, 0.9
 
@@ -49,21 +49,18 @@ def _direct(tr, ro, golds, i, t, branch, n, seed):
     if head and head[-1] == tr.tok.eos_token_id:
         budget = 0
     if budget > 0:
-        gen = generate(
-            tr.model,
-            [list(ro.prompts[i]) + head] * n,
-            max_new_tokens=budget,
-            eos_id=tr.tok.eos_token_id,
-            pad_id=tr.tok.pad_token_id,
-            temperature=TEMP,
-            top_p=TOP_P,
-            seed=item_seed(seed, i, t, branch),
-        )
+        gen = generate(tr.model, [list(ro.prompts[i]) + head] * n, _params(tr, budget, item_seed(seed, i, t, branch)))
         conts = gen.response_ids
     else:
         conts = [[] for _ in range(n)]
     texts = tr.tok.batch_decode([head + c for c in conts], skip_special_tokens=True)
     return sum(float(golds[i] in s) for s in texts) / n
+
+
+def _params(tr, max_new_tokens=MAX_NEW, seed=0):
+    """The continuations' sampling (the tokenizer's EOS)."""
+    return SamplingParams(max_new_tokens=max_new_tokens, eos_id=tr.tok.eos_token_id, temperature=TEMP, top_p=TOP_P,
+                          seed=seed)  # fmt: skip
 
 
 def _items(ro, eos):
@@ -87,24 +84,12 @@ def test_continuations_match_generate(world):
         prefixes,
         budgets,
         seeds,
+        _params(tr),
         n=n,
-        eos_id=tr.tok.eos_token_id,
-        pad_id=tr.tok.pad_token_id,
-        temperature=TEMP,
-        top_p=TOP_P,
         chunk=4,
     )
     for k in range(2):
-        gen = generate(
-            tr.model,
-            [prefixes[k]] * n,
-            max_new_tokens=budgets[k],
-            eos_id=tr.tok.eos_token_id,
-            pad_id=tr.tok.pad_token_id,
-            temperature=TEMP,
-            top_p=TOP_P,
-            seed=seeds[k],
-        )
+        gen = generate(tr.model, [prefixes[k]] * n, _params(tr, budgets[k], seeds[k]))
         assert conts[k] == gen.response_ids
     assert conts[2] == [[], [], []]
 
@@ -124,11 +109,8 @@ def test_values_against_direct_generate(world):
         golds,
         items,
         probs,
+        SamplingParams(max_new_tokens=MAX_NEW, temperature=TEMP, top_p=TOP_P, seed=seed),  # eos: the tokenizer's
         n=n,
-        max_new_tokens=MAX_NEW,
-        temperature=TEMP,
-        top_p=TOP_P,
-        seed=seed,
     )
     assert scorer.calls == 1  # all continuations scored in one batch
     assert set(out) == {"value", "r_with", "r_state"} and all(v.shape == (len(items),) for v in out.values())
@@ -148,14 +130,14 @@ def test_determinism_and_item_independence(world):
     tr, ro, golds = world
     items = [(0, 2), (2, 1), (4, 0)]
     probs = torch.tensor([0.1, 0.4, 0.7])
-    kw = dict(n=8, max_new_tokens=MAX_NEW, temperature=TEMP, top_p=TOP_P)
-    a = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items, probs, seed=3, **kw)
-    b = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items, probs, seed=3, **kw)
+    params = _params(tr, seed=3)
+    a = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items, probs, params, n=8)
+    b = token_values_mc(tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items, probs, params, n=8)
     for key in a:
         assert torch.equal(a[key], b[key])
     # an item's estimate does not depend on the other items of the call
     one = token_values_mc(
-        tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items[1:2], probs[1:2], seed=3, **kw
+        tr.model, tr.tok, GoldInText(), ro.prompts, ro.responses, golds, items[1:2], probs[1:2], params, n=8
     )
     for key in a:
         assert torch.equal(one[key], a[key][1:2])
@@ -165,22 +147,16 @@ def test_determinism_and_item_independence(world):
         [ro.prompts[0]],
         [MAX_NEW],
         [item_seed(3, 0, 0, 1)],
+        _params(tr),
         n=4,
-        eos_id=tr.tok.eos_token_id,
-        pad_id=tr.tok.pad_token_id,
-        temperature=TEMP,
-        top_p=TOP_P,
     )
     s2 = sample_continuations(
         tr.model,
         [ro.prompts[0]],
         [MAX_NEW],
         [item_seed(4, 0, 0, 1)],
+        _params(tr),
         n=4,
-        eos_id=tr.tok.eos_token_id,
-        pad_id=tr.tok.pad_token_id,
-        temperature=TEMP,
-        top_p=TOP_P,
     )
     assert s1 != s2
 
@@ -205,11 +181,8 @@ def test_one_minus_p_clamp(world):
         golds,
         items,
         probs,
+        _params(tr, seed=1),
         n=8,
-        max_new_tokens=MAX_NEW,
-        temperature=TEMP,
-        top_p=TOP_P,
-        seed=1,
         eps=0.1,
     )
     diff = out["r_with"] - out["r_state"]
@@ -229,11 +202,8 @@ def test_empty_items(world):
         golds,
         [],
         torch.zeros(0),
+        _params(tr),
         n=2,
-        max_new_tokens=MAX_NEW,
-        temperature=TEMP,
-        top_p=TOP_P,
-        seed=0,
     )
     assert all(v.shape == (0,) for v in out.values())
 

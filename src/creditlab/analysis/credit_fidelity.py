@@ -142,14 +142,10 @@ def coupled_outcomes(
     responses: Sequence[Sequence[int]],
     golds: Sequence[Any],
     reward_fn: Callable[[list[list[int]], list[Any]], list[float]],
+    params: SamplingParams,
     *,
     K: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos_id: int | Sequence[int],
     pad_id: int,
-    seed: int,
     chunk: int = 512,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -157,7 +153,8 @@ def coupled_outcomes(
 
     prompts, responses, golds: R rollouts (token lists; ``golds[i]`` is passed to ``reward_fn`` with rollout i's
     responses). reward_fn(responses, golds) -> rewards: the reward of full responses (token lists, the prompt
-    excluded). Continuation j of rollout i draws its tokens from the uniforms
+    excluded). params: the sampling (token choice, stop tokens, the response budget ``max_new_tokens``, ``seed``);
+    pad_id: the padding of the scoring forward. Continuation j of rollout i draws its tokens from the uniforms
     ``draw_uniforms(K, max_new_tokens, 1, item_seed(seed, i, 0, BRANCH))[j, :, 0]`` indexed by response position.
     Returns {"C": [Tensor[K, L_i + 1] float64] (C[j, t]: reward of continuation j from the prefix o_<t; column L_i
     the rollout's own reward), "pairs" (sum_i K L_i), "deviations" (pairs whose first token differs from the
@@ -165,10 +162,9 @@ def coupled_outcomes(
     """
     if K < 2:
         raise ValueError(f"K must be >= 2 (split halves, a paired standard error), got {K}")
-    params = SamplingParams(temperature=temperature, top_p=top_p)
-    stops = set(eos_id) if isinstance(eos_id, (list, tuple)) else {int(eos_id)}
+    stops, max_new_tokens = set(params.stop_ids), params.length()
     R = len(responses)
-    uni = [draw_uniforms(K, max_new_tokens, 1, item_seed(seed, i, 0, BRANCH))[..., 0] for i in range(R)]  # [K, M]
+    uni = [draw_uniforms(K, max_new_tokens, 1, item_seed(params.seed, i, 0, BRANCH))[..., 0] for i in range(R)]  # [K,M]
     logp = _forward_logits(model, prompts, responses, pad_id)
     first: list[Tensor] = []
     for i, resp in enumerate(responses):
@@ -195,9 +191,8 @@ def coupled_outcomes(
                 prefixes.append(list(prompts[i]) + head)
                 budgets.append(budget)
                 us.append(uni[i][j, t + 1 : t + 1 + budget][None])
-    conts = sample_continuations(model, prefixes, budgets, [0] * len(prefixes), n=1, eos_id=eos_id, pad_id=pad_id,
-                                 temperature=temperature, top_p=top_p, chunk=chunk, progress=progress,
-                                 uniforms=us) if prefixes else []  # fmt: skip
+    conts = sample_continuations(model, prefixes, budgets, [0] * len(prefixes), params, n=1, chunk=chunk,
+                                 progress=progress, uniforms=us) if prefixes else []  # fmt: skip
     full = [list(h) for h in heads]
     decoded = 0
     for k, c in zip(which, conts):
@@ -635,21 +630,9 @@ def analyze(
     Rsp = [ro.responses[i] for i in rows]
     G = [ro.golds[i] for i in rows]
     model.eval()
-    mc = coupled_outcomes(
-        model,
-        P,
-        Rsp,
-        G,
-        reward_fn,
-        K=K,
-        max_new_tokens=t["max_new_tokens"],
-        temperature=t["temperature"],
-        top_p=t["top_p"],
-        eos_id=tr.stop_ids,
-        pad_id=tr.tok.pad_token_id,
-        seed=seed,
-        progress=tr.progress,
-    )
+    params = SamplingParams(max_new_tokens=t["max_new_tokens"], temperature=t["temperature"], top_p=t["top_p"],
+                            eos_id=tr.stop_ids, seed=seed)  # fmt: skip
+    mc = coupled_outcomes(model, P, Rsp, G, reward_fn, params, K=K, pad_id=tr.tok.pad_token_id, progress=tr.progress)
     model.train(was)
     truth = token_truth(mc["C"])
     timing["truth"] = time.perf_counter() - t3
@@ -681,13 +664,9 @@ def analyze(
         model,
         P,
         Rsp,
+        dataclasses.replace(params, max_new_tokens=planted_length),
         K=K,
-        length=planted_length,
-        temperature=t["temperature"],
-        top_p=t["top_p"],
-        eos_id=tr.stop_ids,
         pad_id=tr.tok.pad_token_id,
-        seed=seed,
         top_frac=top_frac,
         null_eps=null_eps,
         n_boot=n_boot,
@@ -809,19 +788,16 @@ def planted_check(
     model,
     prompts,
     responses,
+    params: SamplingParams,
     *,
     K: int,
-    length: int,
-    temperature: float,
-    top_p: float,
-    eos_id,
     pad_id: int,
-    seed: int,
     top_frac: float = 0.1,
     null_eps: float = 0.05,
     n_boot: int = 1000,
 ) -> dict[str, Any]:
-    """The check that the metric can fail (module docstring, "Planted check"). prompts, responses: the rollouts.
+    """The check that the metric can fail (module docstring, "Planted check"). prompts, responses: the rollouts;
+    params: the sampling, its ``max_new_tokens`` the planted responses' length.
 
     Rollout i is cut at c_i = its highest-entropy position under the sampling distribution; planted prompt = prompt
     + response[:c_i], planted response = response[c_i : c_i + length], planted reward = 1 iff the first planted
@@ -831,7 +807,7 @@ def planted_check(
     sequence advantage spread over the planted response, clusters = rollouts. Returns their metrics, the ceiling,
     and the estimator's error on the oracle (``max_abs_after_first``: |A_hat| after the first token, exactly 0 by
     construction; ``first_token_z``: the mean error at the first token in units of its standard error)."""
-    params = SamplingParams(temperature=temperature, top_p=top_p)
+    length, seed = params.length(), params.seed
     logp = _forward_logits(model, prompts, responses, pad_id)
     P2, R2, S, pS = [], [], [], []
     for i, resp in enumerate(responses):
@@ -849,20 +825,8 @@ def planted_check(
     def planted_reward(token_lists: list[list[int]], marks: list[int]) -> list[float]:
         return [float(bool(ids) and ids[0] == m) for ids, m in zip(token_lists, marks)]
 
-    mc = coupled_outcomes(
-        model,
-        P2,
-        R2,
-        S,
-        planted_reward,
-        K=K,
-        max_new_tokens=length,
-        temperature=temperature,
-        top_p=top_p,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        seed=seed + 7919,
-    )
+    planted_params = dataclasses.replace(params, seed=params.seed + 7919)
+    mc = coupled_outcomes(model, P2, R2, S, planted_reward, planted_params, K=K, pad_id=pad_id)
     truth = token_truth(mc["C"])
     lens = [len(r) for r in R2]
     a = np.concatenate([x.numpy() for x in truth["adv"]])

@@ -23,8 +23,8 @@ Pieces:
   rollouts (paper Sec. 3.2).
 
 Randomness: every (item, branch) has its own seed :func:`item_seed` (seed, row, position, branch), and
-its n continuations are exactly those of ``generate([prefix] * n, max_new_tokens=budget, seed=item_seed)``
-(same uniforms, see :mod:`creditlab.lm.sampler`), whatever the other items of the call are.
+its n continuations are exactly those of ``generate([prefix] * n, params)`` with ``max_new_tokens=budget`` and
+``seed=item_seed`` (same uniforms, see :mod:`creditlab.lm.sampler`), whatever the other items of the call are.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -72,12 +73,9 @@ def sample_continuations(
     prefixes: Sequence[Sequence[int]],
     budgets: Sequence[int],
     seeds: Sequence[int],
+    params: SamplingParams,
     *,
     n: int,
-    eos_id: int | list[int],
-    pad_id: int,
-    temperature: float,
-    top_p: float,
     chunk: int = 512,
     progress: bool = False,
     uniforms: Sequence[Tensor] | None = None,
@@ -85,16 +83,16 @@ def sample_continuations(
     """n sampled continuations of each prefix, all prefixes decoded together (``progress``: a bar over them).
 
     prefixes: K token lists (prompt + response prefix); budgets: K max new tokens (<= 0: no
-    continuation, n empty lists); seeds: K seeds. Returns [K][n] token lists. Continuation j of prefix
-    k is the j-th response of ``generate([prefixes[k]] * n, max_new_tokens=budgets[k], seed=seeds[k],
-    temperature=temperature, top_p=top_p)`` (its uniforms are replayed row by row; up to the
+    continuation, n empty lists); seeds: K seeds; params: the token choice and stop tokens (each prefix's
+    length and seed are its own: its ``max_new_tokens`` and ``seed`` are not read). Returns [K][n] token lists.
+    Continuation j of prefix k is the j-th response of ``generate([prefixes[k]] * n,
+    replace(params, max_new_tokens=budgets[k], seed=seeds[k]))`` (its uniforms are replayed row by row; up to the
     floating-point effect of a different batch shape). Rows are sorted by budget and decoded ``chunk``
     at a time, each chunk to its largest budget, every row then cut to its own budget.
     ``uniforms``: K pre-drawn Tensor[n, budgets[k]] of uniforms in [0, 1) (the sampler's inverse-CDF stream) used
     instead of those drawn from ``seeds`` (the seeds are then unused): common random numbers across prefixes
     (creditlab.analysis.credit_fidelity couples the continuations of consecutive prefixes this way).
     """
-    params = SamplingParams(temperature=temperature, top_p=top_p)
     chooser = sampling_chooser(_single, params)
     out: list[list[list[int]]] = [[[] for _ in range(n)] for _ in prefixes]
     rows = [(k, j) for k in range(len(prefixes)) if budgets[k] > 0 for j in range(n)]
@@ -122,7 +120,7 @@ def sample_continuations(
                 for r, (k, j) in enumerate(part):
                     u[r, : budgets[k]] = uni[k][j]
                 resp, _, _ = _decode_batch([state], chooser, [list(prefixes[k]) for k, _ in part], u, width,
-                                           eos_id, pad_id)  # fmt: skip
+                                           params.stop_ids)  # fmt: skip
                 for (k, j), toks in zip(part, resp):
                     out[k][j] = toks[: budgets[k]]
                 bar.update(len(part))
@@ -141,16 +139,12 @@ def token_values_mc(
     golds: list[str],
     items: list[tuple[int, int]],
     token_probs: Tensor,
+    params: SamplingParams,
     *,
     n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
     eps: float = 0.05,
     chunk: int = 512,
     progress: bool = False,
-    eos_id: int | list[int] | None = None,
 ) -> dict[str, Tensor]:
     """Monte Carlo counterfactual token value of M tokens [paper, App. E.2, Eq. 20].
 
@@ -158,15 +152,15 @@ def token_values_mc(
     (i, t): token y = responses[i][t] at state s = prompts[i] + responses[i][:t]. token_probs:
     Tensor[M], p = pi(y | s) under the policy that samples the continuations.
 
-    For each item, n continuations are sampled from s + y and n from s with ``model`` (temperature,
-    top_p), the response budget staying ``max_new_tokens`` in total [ours]: the s + y branch gets
+    For each item, n continuations are sampled from s + y and n from s with ``model`` and ``params`` (temperature,
+    top_p, stop tokens: ``eos_id`` None = the tokenizer's EOS), the response budget staying ``params.max_new_tokens``
+    in total [ours]: the s + y branch gets
     max_new_tokens - t - 1 new tokens, the s branch max_new_tokens - t; a branch whose budget is <= 0, or
     whose prefix already ends with EOS, is not continued (the response is what it is). Each full
     response (response prefix + continuation) is decoded like the trainer does
     (``tok.batch_decode(..., skip_special_tokens=True)``) and scored by ``scorer.score(texts, golds)``
     (identical (text, gold) pairs scored once). All continuations of all items go through one batched
-    decode (``chunk`` rows at a time); item k's branch b uses the seed ``item_seed(seed, i, t, b)``. ``eos_id``: the
-    stop token(s) (None: the tokenizer's EOS; a hub model's stop tokens, as its rollouts stopped).
+    decode (``chunk`` rows at a time); item k's branch b uses the seed ``item_seed(params.seed, i, t, b)``.
 
         r_with  = mean_j R(s + y + c_j)          [paper]
         r_state = mean_j R(s + c'_j)             [paper]
@@ -179,8 +173,9 @@ def token_values_mc(
     token_probs = torch.as_tensor(token_probs, dtype=torch.float32).flatten().cpu()
     if token_probs.numel() != len(items):
         raise ValueError(f"token_probs has {token_probs.numel()} entries for {len(items)} items")
-    eos = tok.eos_token_id if eos_id is None else eos_id
-    stops = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    if params.eos_id is None:
+        params = replace(params, eos_id=tok.eos_token_id)
+    stops, max_new_tokens = set(params.stop_ids), params.length()
     prefixes, resp_prefixes, budgets, seeds, gold_of = [], [], [], [], []
     for i, t in items:
         resp = list(responses[i])
@@ -192,10 +187,9 @@ def token_values_mc(
             prefixes.append(list(prompts[i]) + head)
             resp_prefixes.append(head)
             budgets.append(budget)
-            seeds.append(item_seed(seed, i, t, branch))
+            seeds.append(item_seed(params.seed, i, t, branch))
             gold_of.append(golds[i])
-    conts = sample_continuations(model, prefixes, budgets, seeds, n=n, eos_id=eos, pad_id=tok.pad_token_id,
-                                 temperature=temperature, top_p=top_p, chunk=chunk, progress=progress)  # fmt: skip
+    conts = sample_continuations(model, prefixes, budgets, seeds, params, n=n, chunk=chunk, progress=progress)
     full = [head + c for head, cs in zip(resp_prefixes, conts) for c in cs]
     texts = tok.batch_decode(full, skip_special_tokens=True) if full else []
     gl = [g for g in gold_of for _ in range(n)]
@@ -358,13 +352,15 @@ def value_probe(
         ro.golds,
         items,
         probs[rows, cols] if items else torch.zeros(0),
+        SamplingParams(
+            max_new_tokens=t["max_new_tokens"],
+            temperature=t["temperature"],
+            top_p=t["top_p"],
+            eos_id=trainer.stop_ids,
+            seed=seed,
+        ),  # fmt: skip
         n=n,
-        max_new_tokens=t["max_new_tokens"],
-        temperature=t["temperature"],
-        top_p=t["top_p"],
-        seed=seed,
         progress=trainer.progress,
-        eos_id=trainer.stop_ids,
     )
     trainer.model.train()
     v, d, ent = vals["value"], delta[rows, cols], res["entropy"][rows, cols]

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from creditlab.decoding.criteria import entropy, kl_divergence
 from creditlab.lm.batch import pack, response_logprobs
-from creditlab.lm.sampler import generate
+from creditlab.lm.sampler import SamplingParams, generate
 
 STATS = ("dlogp", "entropy_base", "entropy_rl", "kl_rl_base")
 
@@ -39,31 +39,18 @@ def collect_token_stats(
     base,
     rl,
     prompt_ids: list[list[int]],
+    params: SamplingParams,
     *,
     source: str,
-    max_new_tokens: int,
-    eos_id: int | list[int],
     pad_id: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
     chunk: int = 256,
 ) -> dict[str, np.ndarray]:
-    """Sample one response per prompt from ``source`` ("base" or "rl"), score every token with both models.
+    """Sample one response per prompt from ``source`` ("base" or "rl") with ``params``, score every token with both
+    models (``chunk`` rows a forward, padded with ``pad_id``).
 
-    eos_id: the stop token(s) (a hub checkpoint's list). The models may live on different devices (a GPU each): the
-    statistics are computed on the RL model's."""
+    The models may live on different devices (a GPU each): the statistics are computed on the RL model's."""
     sampler_model = base if source == "base" else rl
-    gen = generate(
-        sampler_model,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-    )
+    gen = generate(sampler_model, prompt_ids, params)
     out: dict[str, list[np.ndarray]] = {k: [] for k in STATS}
     for i in range(0, len(prompt_ids), chunk):
         batch = pack(prompt_ids[i : i + chunk], gen.response_ids[i : i + chunk], pad_id)

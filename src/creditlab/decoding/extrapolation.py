@@ -94,8 +94,8 @@ class SelectiveRule:
     """One step of selective extrapolation decoding, as a sampler :class:`Chooser` over [decoder, other].
 
     criterion fires with ``direction`` against ``threshold``; resampling uses ``gamma`` (0 =
-    replace-only) and ``top_k_support`` (None = exact full vocabulary); ``params`` (temperature /
-    top-p, or greedy) apply to both the proposal and the resample.
+    replace-only) and ``top_k_support`` (None = exact full vocabulary); ``params``: the token choice (temperature /
+    top-p, or greedy) of both the proposal and the resample, and the length, stop tokens and seed of a decode.
     """
 
     criterion: Criterion
@@ -175,6 +175,7 @@ def selective_generate(
     primary: torch.nn.Module,
     secondary: torch.nn.Module,
     prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
     *,
     criterion: str = "dlogp",
     threshold: float,
@@ -182,13 +183,6 @@ def selective_generate(
     decode_with: Decoder = "base",
     fire_when: Direction | None = None,
     top_k_support: int | None = None,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> tuple[Generation, dict[str, list[int]]]:
@@ -199,28 +193,17 @@ def selective_generate(
     criterion / threshold / fire_when: when to resample (``fire_when`` None = the criterion's default
     for ``decode_with``, e.g. dlogp fires on Δlog p <= tau for "base" and >= tau for "rl");
     gamma: extrapolation strength (0 = replace-only, resample from pi_RL); top_k_support: None =
-    exact full vocabulary, K = the official script's top-K view; greedy / temperature / top_p:
-    applied to both the proposal and the resample (greedy: argmax of each).
+    exact full vocabulary, K = the official script's top-K view; params: the token choice (greedy /
+    temperature / top_p, applied to both the proposal and the resample; greedy: argmax of each), length,
+    stop tokens and seed.
 
     Returns (generation, stats) with per-prompt lists stats["n_tokens"] (generated tokens, EOS
     included), stats["resampled"] (positions where the criterion fired) and stats["changed"]
-    (resampled positions whose token differs from the proposal). Deterministic given ``seed``.
+    (resampled positions whose token differs from the proposal). Deterministic given ``params.seed``.
     """
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p)
     rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
                      top_k_support=top_k_support, params=params)  # fmt: skip
-    return decode_with_rule(
-        primary,
-        secondary,
-        prompt_ids,
-        rule,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        seed=seed,
-        batch_size=batch_size,
-        progress=progress,
-    )
+    return decode_with_rule(primary, secondary, prompt_ids, rule, batch_size=batch_size, progress=progress)
 
 
 def decode_with_rule(
@@ -229,10 +212,6 @@ def decode_with_rule(
     prompt_ids: Sequence[Sequence[int]],
     rule: SelectiveRule,
     *,
-    max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    pad_id: int,
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> tuple[Generation, dict[str, list[int]]]:
@@ -240,10 +219,9 @@ def decode_with_rule(
     :class:`SamplingParams`), both models' KV caches stepped together in one batched loop: the local counterpart
     of :func:`creditlab.engines.vllm.extrapolation.selective_decode`. Returns what :func:`selective_generate`
     returns."""
-    generation, flags = decode_with_chooser(
-        [DecodeState(primary), DecodeState(secondary)], rule.chooser(), prompt_ids, max_new_tokens=max_new_tokens,
-        eos_id=eos_id, pad_id=pad_id, seed=seed, batch_size=batch_size, progress=progress,
-    )  # fmt: skip
+    states = [DecodeState(primary), DecodeState(secondary)]
+    generation, flags = decode_with_chooser(states, rule.chooser(), prompt_ids, rule.params, batch_size=batch_size,
+                                            progress=progress)  # fmt: skip
     return generation, {"n_tokens": [len(r) for r in generation.response_ids], **flags}
 
 
@@ -285,15 +263,17 @@ class SelectiveGenerateFn:
         return {"name": "selective_extrapolation", **self.options}
 
     def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int, eos_id: int,
-        pad_id: int, seed: int = 0, batch_size: int | None = None, progress: bool = False,
-    ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> tuple[Generation, dict[str, list[int]]]:
         primary, secondary = decoding_pair(self.options, self.base_model, self.rl_model)
         rule = make_rule(**self.options, params=params)
         with eval_mode(primary, secondary):
-            return decode_with_rule(primary, secondary, prompt_ids, rule, max_new_tokens=max_new_tokens,
-                                    eos_id=eos_id, pad_id=pad_id, seed=seed, batch_size=batch_size,
-                                    progress=progress)  # fmt: skip
+            return decode_with_rule(primary, secondary, prompt_ids, rule, batch_size=batch_size, progress=progress)
 
 
 def make_selective_generate_fn(

@@ -25,7 +25,7 @@ import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,34 +54,24 @@ RATE_STATS = {"resampled": "replacement_rate", "changed": "changed_rate"}
 
 
 class GenerateFn(Protocol):
-    """A decoder for the evaluator: ``fn(prompt_ids, *, params, max_new_tokens, eos_id, pad_id, seed, batch_size,
-    progress) -> (Generation, stats)``.
+    """A decoder for the evaluator: ``fn(prompt_ids, params, *, batch_size, progress) -> (Generation, stats)``.
 
-    params: how tokens are chosen (:class:`creditlab.lm.sampler.SamplingParams`: greedy, or temperature / top-p),
-    passed on as is; the other keywords as in :func:`creditlab.lm.sampler.generate`. stats: per-sequence counters
-    (empty for plain decoding). An optional ``settings`` attribute (a JSON-able dict) is recorded in
-    metrics.json under ``settings.decoder``.
+    params: what decides the outputs (:class:`creditlab.lm.sampler.SamplingParams`: greedy or temperature / top-p,
+    length, stop tokens, seed), passed on as is; batch_size / progress as in :func:`creditlab.lm.sampler.generate`.
+    stats: per-sequence counters (empty for plain decoding). An optional ``settings`` attribute (a JSON-able dict)
+    is recorded in metrics.json under ``settings.decoder``.
     """
 
     def __call__(
-        self,
-        prompt_ids: list[list[int]],
-        *,
-        params: SamplingParams,
-        max_new_tokens: int,
-        eos_id: int | list[int],
-        pad_id: int,
-        seed: int,
-        batch_size: int | None,
-        progress: bool,
+        self, prompt_ids: list[list[int]], params: SamplingParams, *, batch_size: int | None, progress: bool
     ) -> tuple[Generation, DecodeStats]: ...
 
 
 def plain_generate_fn(model: torch.nn.Module) -> GenerateFn:
     """The default decoder: the plain sampler on ``model``, no decode counters."""
 
-    def fn(prompt_ids: list[list[int]], *, params: SamplingParams, **loop: Any) -> tuple[Generation, DecodeStats]:
-        return generate(model, prompt_ids, **asdict(params), **loop), {}
+    def fn(prompt_ids: list[list[int]], params: SamplingParams, **loop: Any) -> tuple[Generation, DecodeStats]:
+        return generate(model, prompt_ids, params, **loop), {}
 
     return fn
 
@@ -165,29 +155,20 @@ def _check_args(suites: dict[str, list[dict]], k: int, ks: Sequence[int]) -> Non
 
 def _decode_suite(
     generate_fn: GenerateFn,
-    tokenizer: Any,
     prompt_ids: list[list[int]],
+    params: SamplingParams,
     *,
     k: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
     batch_size: int | None,
     progress: bool,
-    eos_id: int | list[int] | None = None,
 ) -> tuple[Generation, Generation, DecodeStats]:
-    """Greedy generation (one per prompt), sampled generation (k per prompt, question-major) and the
-    decode counters of both, concatenated in that order (only counters both calls returned). ``eos_id``:
-    the stop token(s) (None: the tokenizer's EOS; a list only for decoders that take one, vLLM's)."""
-    eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
-    common = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, batch_size=batch_size,
-                  pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-                  progress=progress)  # fmt: skip
-    greedy, greedy_stats = generate_fn(prompt_ids, params=SamplingParams(greedy=True), seed=seed, **common)
+    """Greedy generation (one per prompt; ``params`` made greedy), sampled generation (k per prompt, question-major,
+    with ``params``) and the decode counters of both, concatenated in that order (only counters both calls
+    returned)."""
+    loop = dict(batch_size=batch_size, progress=progress)
+    greedy, greedy_stats = generate_fn(prompt_ids, replace(params, greedy=True), **loop)
     repeated = [ids for ids in prompt_ids for _ in range(k)]
-    sampled, sampled_stats = generate_fn(repeated, params=SamplingParams(temperature=temperature, top_p=top_p),
-                                         seed=seed, **common)  # fmt: skip
+    sampled, sampled_stats = generate_fn(repeated, params, **loop)
     stats = {name: list(greedy_stats[name]) + list(sampled_stats[name]) for name in greedy_stats
              if name in sampled_stats}  # fmt: skip
     return greedy, sampled, stats
@@ -278,14 +259,11 @@ def evaluate_suite(
     tokenizer: Any,
     suite: str,
     records: list[dict],
+    params: SamplingParams,
     *,
     k: int,
     ks: Sequence[int],
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
     template: str,
-    seed: int,
     scorer: RewardScorer,
     out_dir: Path,
     batch_size: int | None = None,
@@ -293,14 +271,14 @@ def evaluate_suite(
     generate_fn: GenerateFn | None = None,
     chat: bool = False,
     chat_kwargs: dict[str, Any] | None = None,
-    eos_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
     """Decode, score and summarise one suite; writes ``out_dir/<suite>.jsonl``; returns its summary.
 
     Prompts: :func:`encode_prompts` (``chat``: the tokenizer's chat template). ``scorer`` judges every
     generation of the suite (the reward of its verifier kind).
 
-    ``seed`` is the suite's own sampling seed (see :func:`suite_seed`). The summary's
+    params: the sampled generations' settings (the greedy one is ``params`` made greedy); its seed is the suite's own
+    (see :func:`suite_seed`); ``eos_id`` None: the tokenizer's EOS. The summary's
     ``mean_response_tokens`` / ``truncated_frac`` (and ``replacement_rate`` / ``changed_rate`` when
     the decoder reports them) are over the k sampled generations (greedy ones under ``greedy_*``);
     ``n_tokens`` counts the EOS token when it was emitted. ``generate_fn`` None: the plain sampler on
@@ -310,10 +288,10 @@ def evaluate_suite(
         raise ValueError(f"suite {suite!r} has duplicate record ids")
     t0 = time.perf_counter()
     prompts, prompt_ids = encode_prompts(tokenizer, records, template, chat, chat_kwargs)
-    greedy_gen, sampled_gen, stats = _decode_suite(
-        generate_fn or plain_generate_fn(model), tokenizer, prompt_ids, k=k, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=progress, eos_id=eos_id,
-    )  # fmt: skip
+    if params.eos_id is None:
+        params = replace(params, eos_id=tokenizer.eos_token_id)
+    greedy_gen, sampled_gen, stats = _decode_suite(generate_fn or plain_generate_fn(model), prompt_ids, params, k=k,
+                                                   batch_size=batch_size, progress=progress)  # fmt: skip
     responses = list(greedy_gen.response_ids) + list(sampled_gen.response_ids)
     finished = list(greedy_gen.finished) + list(sampled_gen.finished)
     rows = _generation_rows(suite, records, prompts, responses, finished, k, tokenizer, scorer, stats)
@@ -333,7 +311,7 @@ def evaluate_suite(
         },
         **sampled_stats,
         **{f"greedy_{name}": value for name, value in greedy_stats.items()},
-        "seed": seed,
+        "seed": params.seed,
         "reward": scorer.reward,
         "seconds": time.perf_counter() - t0,
     }
@@ -374,14 +352,11 @@ def evaluate_model(
     model: torch.nn.Module | None,
     tokenizer: Any,
     suites: dict[str, list[dict]],
+    params: SamplingParams,
     *,
     k: int,
     ks: list[int],
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
     template: str,
-    seed: int,
     scorer: RewardScorer | Mapping[str, RewardScorer],
     out_dir: Path,
     batch_size: int | None = None,
@@ -389,16 +364,17 @@ def evaluate_model(
     generate_fn: GenerateFn | None = None,
     chat: bool = False,
     chat_kwargs: dict[str, Any] | None = None,
-    eos_id: int | list[int] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on every suite; write ``<suite>.jsonl`` files and ``metrics.json`` in ``out_dir``.
 
     ``scorer``: one scorer for every suite, or one per suite name (each suite judged by the reward of its
     verifier kind: :mod:`creditlab.rewards.routing`). ``chat`` / ``chat_kwargs``: prompts through the
-    tokenizer's chat template (hub models); ``eos_id``: stop token(s), None = the tokenizer's EOS.
+    tokenizer's chat template (hub models). params: how the k samples are decoded (temperature / top-p, length, stop
+    tokens: ``eos_id`` None = the tokenizer's EOS); its seed is the evaluation's, each suite decodes with its own
+    (:func:`suite_seed`).
 
     suites: suite name -> records (dicts with at least ``id``, ``question``, ``answer``).
-    Per question: one greedy decode and ``k`` samples at ``temperature`` / ``top_p``. Returns (and
+    Per question: one greedy decode and ``k`` samples with ``params``. Returns (and
     writes) ``{"suites": {name: evaluate_suite(...)}, "average": average_over_suites(...), "k", "ks",
     "settings": {...}, "reward_stats": {...}}``; all accuracies are fractions in [0, 1]. The model
     is run in eval mode and restored to its previous mode afterwards.
@@ -423,10 +399,9 @@ def evaluate_model(
         bar = progress_bar(len(suites), "eval suites", enabled=progress, every_s=0)
         for name in suites:
             results[name] = evaluate_suite(
-                model, tokenizer, name, suites[name], k=k, ks=ks, max_new_tokens=max_new_tokens,
-                temperature=temperature, top_p=top_p, template=template, seed=suite_seed(seed, name),
-                scorer=scorers[name], out_dir=out_dir, batch_size=batch_size, progress=progress,
-                generate_fn=generate_fn, chat=chat, chat_kwargs=chat_kwargs, eos_id=eos_id,
+                model, tokenizer, name, suites[name], replace(params, seed=suite_seed(params.seed, name)), k=k,
+                ks=ks, template=template, scorer=scorers[name], out_dir=out_dir, batch_size=batch_size,
+                progress=progress, generate_fn=generate_fn, chat=chat, chat_kwargs=chat_kwargs,
             )  # fmt: skip
             bar.set_postfix(suite=name, greedy=f"{results[name]['metrics']['greedy']['mean']:.3f}")
             bar.update(1)
@@ -440,14 +415,14 @@ def evaluate_model(
         "k": k,
         "ks": list(ks),
         "settings": {
-            "temperature": temperature,
-            "top_p": top_p,
-            "max_new_tokens": max_new_tokens,
-            "seed": seed,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_new_tokens": params.max_new_tokens,
+            "seed": params.seed,
             "template": template,
             "chat_template": chat,
             "chat_kwargs": chat_kwargs or {},
-            "eos_id": eos_id,
+            "eos_id": list(params.eos_id) if isinstance(params.eos_id, tuple) else params.eos_id,
             "batch_size": batch_size,
             "reward": _one_or_per_suite({n: sc.reward for n, sc in scorers.items()}),
             "reward_timeout_s": _one_or_per_suite({n: sc.timeout_s for n, sc in scorers.items()}),

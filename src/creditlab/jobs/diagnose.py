@@ -10,6 +10,7 @@ from creditlab import paths
 from creditlab.data.io import read_records
 from creditlab.decoding.diagnostics import collect_token_stats, summarize
 from creditlab.jobs.common import setup, sources, write_json
+from creditlab.lm.sampler import SamplingParams
 from creditlab.plan import run_config
 from creditlab.tables.figures import plot_token_histograms
 
@@ -52,13 +53,15 @@ def diagnose(
             base,
             rl,
             prompts,
+            SamplingParams(
+                max_new_tokens=e["max_new_tokens"],
+                eos_id=src.stop_ids(tok),
+                temperature=e["temperature"],
+                top_p=e["top_p"],
+                seed=run.seed,
+            ),  # fmt: skip
             source=s,
-            max_new_tokens=e["max_new_tokens"],
-            eos_id=src.stop_ids(tok),
             pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            temperature=e["temperature"],
-            top_p=e["top_p"],
-            seed=run.seed,
         )
         for s in ("base", "rl")
     }

@@ -148,6 +148,7 @@ def evaluate_suites(
     tokenizer's chat template when ``eval.chat_template`` (hub models, as verl trains them).
     """
     from creditlab.eval.evaluate import evaluate_model  # transformers: after setup()
+    from creditlab.lm.sampler import SamplingParams
 
     e, t = cfg["eval"], cfg["trainer"]
     rewards = {name: reward_of_kind(records_kind(recs, f"suite {name}"), t["reward"]) for name, recs in suites.items()}
@@ -156,13 +157,14 @@ def evaluate_suites(
                        reward, [r for n, recs in suites.items() if rewards[n] == reward for r in recs],
                        t["reward_timeout_s"])))
                    for reward in dict.fromkeys(rewards.values())}  # fmt: skip
-        return evaluate_model(model, tok, suites, k=e["k"], ks=list(e["ks"]), max_new_tokens=e["max_new_tokens"],
-                              temperature=e["temperature"], top_p=e["top_p"],
-                              template=cfg["data"].get("template", "tiny"), seed=seed,
+        params = SamplingParams(max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], top_p=e["top_p"],
+                                eos_id=eos_id, seed=seed)  # fmt: skip
+        return evaluate_model(model, tok, suites, params, k=e["k"], ks=list(e["ks"]),
+                              template=cfg["data"].get("template", "tiny"),
                               scorer={name: scorers[rewards[name]] for name in suites}, out_dir=out,
                               batch_size=e.get("batch_size"), generate_fn=generate_fn, progress=not quiet,
-                              chat=bool(e.get("chat_template", False)), chat_kwargs=e.get("chat_template_kwargs"),
-                              eos_id=eos_id)  # fmt: skip
+                              chat=bool(e.get("chat_template", False)),
+                              chat_kwargs=e.get("chat_template_kwargs"))  # fmt: skip
 
 
 def reward_timeout(reward: str, records: list[dict], timeout_s: float) -> float:

@@ -20,10 +20,10 @@ extrapolation decoding in :mod:`creditlab.decoding.extrapolation` counts its res
 way). :func:`generate_with` is the case "combine the logits, then sample" (a ``combine`` function maps
 the states' logits to the logits to sample from) and :func:`generate` is its one-model case.
 
-:func:`generate` takes the sampling settings as keywords (greedy, temperature, top_p, top_k), the entry point for
-callers; the decoders that sample on behalf of another (the evaluator's ``generate_fn`` s, the selective
-extrapolation decoders) receive them as one :class:`SamplingParams` and pass it on as is (to :func:`generate` as
-its fields, ``generate(model, prompt_ids, **dataclasses.asdict(params), ...)``).
+Every decoder takes what decides its outputs as one :class:`SamplingParams` (token choice, length, stop tokens,
+seed) and passes it on as is (the evaluator's ``generate_fn`` s, the selective extrapolation decoders, the vLLM
+backend through its worker: ``dataclasses.asdict`` there, ``SamplingParams(**fields)`` back); only execution
+arguments that cannot change an output (``batch_size``, ``progress``) are separate keywords.
 
 Randomness: ``Chooser.n_streams`` uniform numbers per (prompt, step) are drawn up front from a
 ``torch.Generator`` seeded with ``seed`` (stream s is the s-th ``torch.rand(n_prompts, max_new_tokens)``
@@ -58,6 +58,10 @@ COMPACT_FRACTION = 0.25
 DEFAULT_BATCH_SIZE = 512
 """Prompts decoded together when ``batch_size`` is None."""
 
+PAD_ID = 0
+"""The id prompts are left-padded with and finished rows are fed: any id of the vocabulary (padded positions are
+masked out, finished rows' outputs dropped), so no decoder takes a tokenizer's pad id."""
+
 Combine = Callable[[list[Tensor]], Tensor]
 ChooseFn = Callable[[list[Tensor], Tensor | None], tuple[Tensor, Tensor | None]]
 
@@ -75,21 +79,37 @@ class Generation:
     finished: list[bool]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """How the next token is chosen from the logits.
+    """What decides a decoded response: how each token is chosen, where a response stops, the random streams.
 
-    greedy: argmax (the other fields are ignored). Otherwise, in HF order: logits / temperature, then
-    top-k (0 = off), then nucleus top-p (1.0 = off; HF semantics: keep the smallest set of tokens
-    whose cumulative probability reaches top_p, always keeping the most likely token).
+    Every decoder (:func:`generate`, the selective extrapolation decoders, the vLLM backend, the evaluator's
+    ``generate_fn`` s) takes one and passes it on as is. What only changes how the work is done (``batch_size``, the
+    progress bar, the padding id) is not in it: the outputs do not depend on it (module docstring).
+
+    greedy: argmax (temperature, top_p, top_k and seed unused). Otherwise, in HF order: logits / temperature, then
+    top-k (0 = off), then nucleus top-p (1.0 = off; HF semantics: keep the smallest set of tokens whose cumulative
+    probability reaches top_p, always keeping the most likely token).
+    max_new_tokens: at most this many tokens per response (>= 0). None only where nothing is decoded (choosing one
+    token: :func:`choose_tokens`); a decoder refuses it.
+    eos_id: the stop token, or several (a hub checkpoint's stop tokens; a list is kept as a tuple): a row that emits
+    one stops, the token included in its response. None: no stop token (every response has max_new_tokens tokens).
+    seed: seed of the random streams (module docstring): same inputs and seed -> same outputs.
     """
 
     greedy: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    max_new_tokens: int | None = None
+    eos_id: int | tuple[int, ...] | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.eos_id, (list, tuple)):
+            object.__setattr__(self, "eos_id", tuple(int(i) for i in self.eos_id))
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.greedy:
             return
         if not self.temperature > 0:
@@ -98,6 +118,19 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The stop tokens as a tuple (empty: none)."""
+        if self.eos_id is None:
+            return ()
+        return self.eos_id if isinstance(self.eos_id, tuple) else (int(self.eos_id),)
+
+    def length(self) -> int:
+        """``max_new_tokens``, refusing None (a decoder needs a length)."""
+        if self.max_new_tokens is None:
+            raise ValueError("decoding needs SamplingParams.max_new_tokens (None: only a token choice)")
+        return int(self.max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -370,16 +403,16 @@ def _decode_batch(
     prompts: Sequence[Sequence[int]],
     uniforms: Tensor | None,
     max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    pad_id: int,
+    stop_ids: Sequence[int],
 ) -> tuple[list[list[int]], list[bool], Tensor]:
-    """Decode one batch of prompts with all ``states`` stepped together.
+    """Decode one batch of prompts with all ``states`` stepped together, at most ``max_new_tokens`` tokens each.
 
-    uniforms: [B, max_new_tokens, n_streams] (None when the chooser uses none). Returns (responses,
-    finished, flag_counts [B, n_flags] int64) per prompt. Rows that emitted EOS stay in the batch (fed
-    ``pad_id``, output ignored) until they are at least ``COMPACT_FRACTION`` of the rows, then they are
-    dropped from every state.
+    uniforms: [B, max_new_tokens, n_streams] (None when the chooser uses none); stop_ids: the stop tokens (may be
+    empty). Returns (responses, finished, flag_counts [B, n_flags] int64) per prompt. Rows that emitted a stop token
+    stay in the batch (fed :data:`PAD_ID`, output ignored) until they are at least ``COMPACT_FRACTION`` of the rows,
+    then they are dropped from every state.
     """
+    pad_id = PAD_ID
     ids, mask = left_pad(prompts, pad_id)
     device = states[0].device
     n = len(prompts)
@@ -390,8 +423,7 @@ def _decode_batch(
     rows = torch.arange(n, device=device)  # batch position -> prompt index in this batch
     alive = torch.ones(n, dtype=torch.bool, device=device)
     uniforms = uniforms.to(device) if uniforms is not None else None
-    several = isinstance(eos_id, (list, tuple))
-    stops = torch.as_tensor(list(eos_id), dtype=torch.long, device=device) if several else None
+    stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
     logits = [s.prefill(ids, mask, max_new_tokens) for s in states]
     for t in range(max_new_tokens):
         u = uniforms[rows, t] if uniforms is not None else None
@@ -401,7 +433,7 @@ def _decode_batch(
             counts[rows] += flags & alive[:, None]
         out[rows, t] = tok
         n_gen[rows] += alive
-        done = tok == eos_id if stops is None else torch.isin(tok, stops)
+        done = torch.isin(tok, stops)
         hit_eos[rows] |= done
         alive &= ~done
         n_alive = int(alive.sum())
@@ -434,30 +466,27 @@ def decode_with_chooser(
     states: Sequence[DecodeState],
     chooser: Chooser,
     prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
     *,
-    max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    pad_id: int,
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> tuple[Generation, dict[str, list[int]]]:
     """Decode ``prompt_ids`` stepping every state in ``states`` together; ``chooser`` picks the tokens.
 
-    The chosen tokens are fed to every state. All states' models must share the vocabulary and live
-    on the same device. ``batch_size`` prompts are decoded at a time (None: :data:`DEFAULT_BATCH_SIZE`).
-    Returns the generation and, for each of ``chooser.flag_names``, the per-prompt number of generated
-    tokens at which that flag was set. See the module docstring for the random streams.
+    params: the length, stop tokens and seed (``chooser`` was built from its token choice). The chosen tokens are
+    fed to every state. All states' models must share the vocabulary and live on the same device. ``batch_size``
+    prompts are decoded at a time (None: :data:`DEFAULT_BATCH_SIZE`). Returns the generation and, for each of
+    ``chooser.flag_names``, the per-prompt number of generated tokens at which that flag was set. See the module
+    docstring for the random streams.
     """
     prompts = [list(p) for p in prompt_ids]
     if not states:
         raise ValueError("decoding needs at least one DecodeState")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    max_new_tokens = params.length()
     if not prompts or max_new_tokens == 0:
         empty = Generation(prompts, [[] for _ in prompts], [False] * len(prompts))
         return empty, {name: [0] * len(prompts) for name in chooser.flag_names}
-    uniforms = draw_uniforms(len(prompts), max_new_tokens, chooser.n_streams, seed)
+    uniforms = draw_uniforms(len(prompts), max_new_tokens, chooser.n_streams, params.seed)
     size = batch_size or DEFAULT_BATCH_SIZE
     responses: list[list[int]] = []
     finished: list[bool] = []
@@ -470,15 +499,8 @@ def decode_with_chooser(
         bar = progress_bar(len(prompts), "generate samples", enabled=progress)
         for start in starts:
             chunk = slice(start, start + size)
-            r, f, c = _decode_batch(
-                states,
-                chooser,
-                prompts[chunk],
-                None if uniforms is None else uniforms[chunk],
-                max_new_tokens,
-                eos_id,
-                pad_id,
-            )
+            u = None if uniforms is None else uniforms[chunk]
+            r, f, c = _decode_batch(states, chooser, prompts[chunk], u, max_new_tokens, params.stop_ids)
             responses += r
             finished += f
             counts.append(c)
@@ -501,12 +523,8 @@ def generate_with(
     states: Sequence[DecodeState],
     combine: Combine,
     prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
     *,
-    max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    pad_id: int,
-    params: SamplingParams = SamplingParams(),
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> Generation:
@@ -518,9 +536,8 @@ def generate_with(
     share the vocabulary and live on the same device. ``batch_size`` prompts are decoded at a time
     (None: :data:`DEFAULT_BATCH_SIZE`). See the module docstring for the random stream.
     """
-    generation, _ = decode_with_chooser(states, sampling_chooser(combine, params), prompt_ids,
-                                        max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, seed=seed,
-                                        batch_size=batch_size, progress=progress)  # fmt: skip
+    chooser = sampling_chooser(combine, params)
+    generation, _ = decode_with_chooser(states, chooser, prompt_ids, params, batch_size=batch_size, progress=progress)
     return generation
 
 
@@ -532,36 +549,17 @@ def _single(logits: list[Tensor]) -> Tensor:
 def generate(
     model: torch.nn.Module,
     prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
     *,
-    max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    pad_id: int,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> Generation:
-    """Sample (or greedily decode) up to ``max_new_tokens`` tokens after each prompt with ``model``.
+    """Sample (or greedily decode) up to ``params.max_new_tokens`` tokens after each prompt with ``model``.
 
-    prompt_ids: token lists of any lengths (left-padded internally with ``pad_id``). Decoding of a row
-    stops after it emits ``eos_id`` (included in its response; a list: any of them, a hub checkpoint's stop tokens).
-    Greedy decoding matches ``model.generate(do_sample=False)``; sampling applies temperature, top-k, then top-p (HF
-    semantics) and is reproducible: same inputs and ``seed`` -> same outputs (see module docstring).
-    The model's train/eval mode is left as is; runs on the model's device.
+    prompt_ids: token lists of any lengths (left-padded internally). Decoding of a row stops after it emits one of
+    ``params.eos_id`` (included in its response). Greedy decoding matches ``model.generate(do_sample=False)``;
+    sampling applies temperature, top-k, then top-p (HF semantics) and is reproducible: same inputs and
+    ``params`` -> same outputs (see module docstring). The model's train/eval mode is left as is; runs on the
+    model's device.
     """
-    params = SamplingParams(greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k)
-    return generate_with(
-        [DecodeState(model)],
-        _single,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        params=params,
-        seed=seed,
-        batch_size=batch_size,
-        progress=progress,
-    )
+    return generate_with([DecodeState(model)], _single, prompt_ids, params, batch_size=batch_size, progress=progress)

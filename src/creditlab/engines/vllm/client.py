@@ -20,11 +20,11 @@ import os
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab.engines.vllm.backend import lora_rank, sampling_fields
+from creditlab.engines.vllm.backend import lora_rank
 from creditlab.engines.vllm.extrapolation import SelectiveEngines
 from creditlab.lm.sampler import Generation, SamplingParams
 
@@ -125,13 +125,11 @@ class WorkerGenerateFn:
     def settings(self) -> dict[str, Any]:
         return {"name": "vllm", "lora": self.lora, **self.describe}
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
-                 eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, batch_size: int | None = None,
                  progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
         res = self.worker.call("generate", engine=self.engine, lora=self.lora, prompt_ids=[list(p) for p in prompt_ids],
                                logprobs=False,  # the evaluator scores texts: no per-token log-probs to compute
-                               max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
-                               **sampling_fields(params))  # fmt: skip
+                               params=asdict(params), batch_size=batch_size)  # fmt: skip
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), {}
 
 
@@ -142,13 +140,11 @@ class WorkerSelectiveGenerateFn(SelectiveEngines[str]):
 
     worker: VllmWorker = field(kw_only=True)
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
-                 eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, batch_size: int | None = None,
                  progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
         res = self.worker.call("selective", base=self.base, rl=self.rl, base_lora=self.base_lora, rl_lora=self.rl_lora,
-                               options=self.options, prompt_ids=[list(p) for p in prompt_ids],
-                               max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
-                               **sampling_fields(params))  # fmt: skip
+                               options=self.options, prompt_ids=[list(p) for p in prompt_ids], params=asdict(params),
+                               batch_size=batch_size)  # fmt: skip
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
 
 

@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from creditlab.decoding.extrapolation import FLAG_NAMES, N_STREAMS, SelectiveRule, decoding_pair, make_rule
-from creditlab.engines.vllm.backend import VllmEngine, stop_ids
+from creditlab.engines.vllm.backend import VllmEngine
 from creditlab.lm.sampler import (
     DEFAULT_BATCH_SIZE,
     Generation,
@@ -53,9 +53,6 @@ def selective_decode(
     *,
     primary_lora: str | Path | None = None,
     secondary_lora: str | Path | None = None,
-    max_new_tokens: int,
-    eos_id: int | Sequence[int],
-    seed: int = 0,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> tuple[Generation, dict[str, list[int]]]:
@@ -64,27 +61,27 @@ def selective_decode(
     primary: the decoding model's engine (pi_base for ``rule.decode_with="base"``, pi_RL for "rl"), secondary:
     the other one; ``*_lora``: an adapter directory served on that engine with ``LoRARequest`` (the same
     engine may be passed twice, e.g. base = the engine alone and RL = the engine with a LoRA run's adapter).
-    rule: the choice of every token (criterion, threshold, direction, gamma, support, sampling), built as
+    rule: the choice of every token (criterion, threshold, direction, gamma, support) and its
+    :class:`SamplingParams` (token choice, length, stop tokens: one id or several for hub models, seed), built as
     :func:`creditlab.decoding.extrapolation.selective_generate` builds it. The return value is that
     function's: (generation, stats) with per-prompt ``n_tokens``, ``resampled`` and ``changed``.
-    ``batch_size``: the window (sequences stepped together; None: the local default). ``eos_id``: one stop
-    token id or several (hub models). Deterministic given ``seed``; the window does not change the tokens.
+    ``batch_size``: the window (sequences stepped together; None: the local default). Deterministic given the
+    params' seed; the window does not change the tokens.
     """
     if primary.vocab_size != secondary.vocab_size:
         raise ValueError(f"the two models' vocabularies differ: {primary.vocab_size} vs {secondary.vocab_size}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    max_new_tokens = rule.params.length()
     prompts = [list(p) for p in prompt_ids]
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     n = len(prompts)
-    stops = set(stop_ids(eos_id))
+    stops = set(rule.params.stop_ids)
     responses: list[list[int]] = [[] for _ in prompts]
     finished = [False] * n
     counts = torch.zeros(n, len(FLAG_NAMES), dtype=torch.long)
     if n == 0 or max_new_tokens == 0:
         return Generation(prompts, responses, finished), {"n_tokens": [0] * n, **{f: [0] * n for f in FLAG_NAMES}}
-    uniforms = draw_uniforms(n, max_new_tokens, N_STREAMS, seed)  # [n, T, 3]
+    uniforms = draw_uniforms(n, max_new_tokens, N_STREAMS, rule.params.seed)  # [n, T, 3]
     window = batch_size or DEFAULT_BATCH_SIZE
     active = list(range(min(window, n)))
     waiting = n - len(active)
@@ -155,13 +152,15 @@ class VllmSelectiveGenerateFn(SelectiveEngines[VllmEngine]):
     """A ``generate_fn`` for the evaluator: :func:`selective_decode` on two engines of this process."""
 
     def __call__(
-        self, prompt_ids: Sequence[Sequence[int]], *, params: SamplingParams, max_new_tokens: int,
-        eos_id: int | Sequence[int], pad_id: int | None = None, seed: int = 0, batch_size: int | None = None,
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        batch_size: int | None = None,
         progress: bool = False,
-    ) -> tuple[Generation, dict[str, list[int]]]:  # fmt: skip
+    ) -> tuple[Generation, dict[str, list[int]]]:
         primary, secondary = decoding_pair(self.options, self.base, self.rl)
         p_lora, s_lora = decoding_pair(self.options, self.base_lora, self.rl_lora)
         rule = make_rule(**self.options, params=params)
         return selective_decode(primary, secondary, prompt_ids, rule, primary_lora=p_lora, secondary_lora=s_lora,
-                                max_new_tokens=max_new_tokens, eos_id=eos_id, seed=seed, batch_size=batch_size,
-                                progress=progress)  # fmt: skip
+                                batch_size=batch_size, progress=progress)  # fmt: skip

@@ -13,19 +13,19 @@ operations:
   ends it. Everything else the process prints (vLLM's logs included) goes to stderr.
 
 Calls (``op`` and its fields; prompt_ids are lists of token-id lists, ``lora`` an adapter directory or
-null; decoding fields as in :meth:`creditlab.engines.vllm.backend.VllmEngine.generate`):
+null; ``params`` a :class:`creditlab.lm.sampler.SamplingParams` as ``dataclasses.asdict`` writes it, read back
+with ``SamplingParams(**params)``; the other fields as in :meth:`creditlab.engines.vllm.backend.VllmEngine.generate`):
 
 * ``{"op": "engines", "engines": {name: spec}}`` builds engines (stdio mode; file mode does it from the
   request's ``engines``); a name already built is kept.
 * ``{"op": "info"}`` -> versions and each engine's vocab_size.
-* ``{"op": "generate", "engine", "lora", "prompt_ids", "n", "max_new_tokens", "eos_id", "greedy", "temperature",
-  "top_p", "top_k", "seed", "batch_size", "logprobs"}`` -> ``{"prompt_ids", "response_ids", "finished",
-  "logprobs"}`` (len(prompt_ids) * n sequences, prompt-major).
+* ``{"op": "generate", "engine", "lora", "prompt_ids", "params", "n", "batch_size", "logprobs"}`` ->
+  ``{"prompt_ids", "response_ids", "finished", "logprobs"}`` (len(prompt_ids) * n sequences, prompt-major).
 * ``{"op": "prompt_logprobs", "engine", "lora", "prompt_ids"}`` -> ``{"logprobs": [[...]]}`` (per prompt, its
   tokens 1..end teacher-forced).
 * ``{"op": "selective", "base", "rl", "base_lora", "rl_lora", "options": {criterion, threshold, gamma,
-  decode_with, fire_when, top_k_support}, "prompt_ids", "max_new_tokens", "eos_id", "greedy", "temperature",
-  "top_p", "top_k", "seed", "batch_size"}`` -> ``{"prompt_ids", "response_ids", "finished", "stats"}``
+  decode_with, fire_when, top_k_support}, "prompt_ids", "params", "batch_size"}`` -> ``{"prompt_ids",
+  "response_ids", "finished", "stats"}``
   (:func:`creditlab.engines.vllm.extrapolation.selective_decode`).
 """
 
@@ -39,7 +39,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-from creditlab.engines.vllm.backend import LOOP_KEYS, SAMPLING_KEYS, EngineSpec, configure_env
+from creditlab.engines.vllm.backend import EngineSpec, configure_env
 
 
 class Worker:
@@ -77,16 +77,16 @@ class Worker:
 
     def handle(self, call: dict[str, Any]) -> Any:
         op = call.get("op")
-        loop = {k: call[k] for k in LOOP_KEYS if k in call}
-        sampling = {k: call[k] for k in SAMPLING_KEYS if k in call}
         if op == "engines":
             return self.build(call["engines"])
         if op == "info":
             return self.info()
         if op == "generate":
+            from creditlab.lm.sampler import SamplingParams
+
             gen = self.engine(call["engine"]).generate(
-                call["prompt_ids"], n=int(call.get("n", 1)), lora=call.get("lora"),
-                logprobs=bool(call.get("logprobs", True)), **loop, **sampling)  # fmt: skip
+                call["prompt_ids"], SamplingParams(**call["params"]), n=int(call.get("n", 1)), lora=call.get("lora"),
+                logprobs=bool(call.get("logprobs", True)), batch_size=call.get("batch_size"))  # fmt: skip
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "logprobs": gen.logprobs}  # fmt: skip
         if op == "prompt_logprobs":
@@ -97,7 +97,7 @@ class Worker:
 
             fn = VllmSelectiveGenerateFn(self.engine(call["base"]), self.engine(call["rl"]), dict(call["options"]),
                                          base_lora=call.get("base_lora"), rl_lora=call.get("rl_lora"))  # fmt: skip
-            gen, stats = fn(call["prompt_ids"], params=SamplingParams(**sampling), **loop)
+            gen, stats = fn(call["prompt_ids"], SamplingParams(**call["params"]), batch_size=call.get("batch_size"))
             return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
                     "stats": stats}  # fmt: skip
         raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, selective")
