@@ -42,8 +42,14 @@ from creditlab.decoding.extrapolation import selective_generate  # noqa: E402
 from creditlab.lm.sampler import SamplingParams, generate  # noqa: E402
 from creditlab.models.tiny import build_model  # noqa: E402
 
-ARCH = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=384)  # fmt: skip
+ARCH = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=384,
+)
 VOCAB, PAD, BOS, EOS = 27, 0, 1, 2
 NO_EOS = -1
 
@@ -66,8 +72,9 @@ def timed(fn: Callable[[], tuple[list[list[int]], dict]]) -> Callable[[], tuple[
     return run
 
 
-def scenario(base, rl, prompts, name: str, *, eos: int, max_new: int, tau: float, gamma: float, top_p: float,
-             repeats: int) -> dict:  # fmt: skip
+def scenario(
+    base, rl, prompts, name: str, *, eos: int, max_new: int, tau: float, gamma: float, top_p: float, repeats: int
+) -> dict:
     """plain / selective / always on the same prompts -> result record (tokens/s from the best times)."""
     params = SamplingParams(max_new_tokens=max_new, eos_id=eos, seed=0, top_p=top_p)
 
@@ -78,15 +85,22 @@ def scenario(base, rl, prompts, name: str, *, eos: int, max_new: int, tau: float
         gen, stats = selective_generate(base, rl, prompts, params, threshold=threshold, gamma=gamma)
         return gen.response_ids, stats
 
-    fns = {"plain": timed(plain), "selective": timed(lambda: selective(tau)),
-           "always": timed(lambda: selective(math.inf))}  # fmt: skip
+    fns = {
+        "plain": timed(plain),
+        "selective": timed(lambda: selective(tau)),
+        "always": timed(lambda: selective(math.inf)),
+    }
     res = interleaved(fns, repeats)
     rec: dict = {"scenario": name, "eos": eos != NO_EOS, "max_new_tokens": max_new, "top_p": top_p}
     for k, r in res.items():
         rows, stats = r["rows"]
         n_tok = response_tokens(rows, eos)
-        rec[k] = {"tokens": n_tok, "best_s": round(r["best_s"], 4), "median_s": round(r["median_s"], 4),
-                  "tok_per_s": round(n_tok / r["best_s"], 1)}  # fmt: skip
+        rec[k] = {
+            "tokens": n_tok,
+            "best_s": round(r["best_s"], 4),
+            "median_s": round(r["median_s"], 4),
+            "tok_per_s": round(n_tok / r["best_s"], 1),
+        }
         if stats:
             rec[k]["resample_rate"] = round(sum(stats["resampled"]) / sum(stats["n_tokens"]), 4)
     for k in ("selective", "always"):
@@ -140,14 +154,29 @@ def main() -> None:
         )
     record = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "torch_threads": args.threads, "torch": torch.__version__,
-                    "transformers": transformers.__version__, "load_avg": os.getloadavg()},
-        "setup": {"arch": ARCH, "vocab": VOCAB, "prompts": args.batch, "prompt_len": "15-25", "criterion": "dlogp",
-                  "tau": args.tau, "gamma": args.gamma, "top_p": args.top_p, "repeats": args.repeats,
-                  "timing": "best of repeats, runs interleaved"},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": args.threads,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "load_avg": os.getloadavg(),
+        },
+        "setup": {
+            "arch": ARCH,
+            "vocab": VOCAB,
+            "prompts": args.batch,
+            "prompt_len": "15-25",
+            "criterion": "dlogp",
+            "tau": args.tau,
+            "gamma": args.gamma,
+            "top_p": args.top_p,
+            "repeats": args.repeats,
+            "timing": "best of repeats, runs interleaved",
+        },
         "results": results,
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -92,8 +92,13 @@ def test_metrics_match_a_direct_computation():
 def _setup(tr, seed: int = 0) -> SamplingParams:
     """The rollouts' sampling (the trainer's settings, the tokenizer's EOS)."""
     t = tr.tcfg
-    return SamplingParams(max_new_tokens=t["max_new_tokens"], temperature=t["temperature"], top_p=t["top_p"],
-                          eos_id=tr.tok.eos_token_id, seed=seed)  # fmt: skip
+    return SamplingParams(
+        max_new_tokens=t["max_new_tokens"],
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        eos_id=tr.tok.eos_token_id,
+        seed=seed,
+    )
 
 
 def test_coupled_outcomes_equal_a_brute_force_decode_of_every_prefix(world):

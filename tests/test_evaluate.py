@@ -25,8 +25,7 @@ from creditlab.stats import pass_at_k
 
 torch.set_num_threads(1)
 
-ROW_FIELDS = {"id", "suite", "sample", "prompt", "response", "pred", "gold", "correct", "score", "n_tokens",
-              "finished"}  # fmt: skip
+ROW_FIELDS = {"id", "suite", "sample", "prompt", "response", "pred", "gold", "correct", "score", "n_tokens", "finished"}
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -39,8 +38,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in specials])
     backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>")  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def make_suite(name: str, n: int, offset: int) -> list[dict]:
@@ -67,10 +67,19 @@ def scorer():
 
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                      pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                      eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    cfg = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(cfg)
 
@@ -82,8 +91,17 @@ EVAL_KW = dict(k=3, ks=[1, 2, 3], template="tiny")
 def test_real_model_writes_complete_consistent_files(tmp_path: Path, tiny_model, tokenizer, scorer) -> None:
     suites = {"alpha": make_suite("alpha", 5, 3), "beta": make_suite("beta", 3, 7)}
     tiny_model.train()
-    result = evaluate_model(tiny_model, tokenizer, suites, PARAMS, scorer=scorer, out_dir=tmp_path / "ev",
-                            batch_size=4, progress=False, **EVAL_KW)  # fmt: skip
+    result = evaluate_model(
+        tiny_model,
+        tokenizer,
+        suites,
+        PARAMS,
+        scorer=scorer,
+        out_dir=tmp_path / "ev",
+        batch_size=4,
+        progress=False,
+        **EVAL_KW,
+    )
     assert tiny_model.training  # mode restored
     on_disk = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert on_disk == json.loads(json.dumps(result))
@@ -118,10 +136,20 @@ def test_real_model_writes_complete_consistent_files(tmp_path: Path, tiny_model,
 
 def test_real_model_is_deterministic_per_suite(tmp_path: Path, tiny_model, tokenizer, scorer) -> None:
     both = {"alpha": make_suite("alpha", 4, 3), "beta": make_suite("beta", 3, 7)}
-    evaluate_model(tiny_model, tokenizer, both, PARAMS, scorer=scorer, out_dir=tmp_path / "a", progress=False,
-                   **EVAL_KW)  # fmt: skip
-    evaluate_model(tiny_model, tokenizer, {"beta": both["beta"]}, PARAMS, scorer=scorer, out_dir=tmp_path / "b",
-                   progress=False, batch_size=2, **EVAL_KW)  # fmt: skip
+    evaluate_model(
+        tiny_model, tokenizer, both, PARAMS, scorer=scorer, out_dir=tmp_path / "a", progress=False, **EVAL_KW
+    )
+    evaluate_model(
+        tiny_model,
+        tokenizer,
+        {"beta": both["beta"]},
+        PARAMS,
+        scorer=scorer,
+        out_dir=tmp_path / "b",
+        progress=False,
+        batch_size=2,
+        **EVAL_KW,
+    )
     assert read_jsonl(tmp_path / "a" / "beta.jsonl") == read_jsonl(tmp_path / "b" / "beta.jsonl")
 
 
@@ -164,8 +192,18 @@ def test_known_outputs_give_expected_metrics(tmp_path: Path, tokenizer, scorer, 
     fake = ScriptedGenerate(tokenizer, records, "tiny")
     monkeypatch.setattr(evaluate_mod, "generate", fake)
     params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=0.7, seed=0)
-    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"known": records}, params, k=k, ks=ks,
-                            template="tiny", scorer=scorer, out_dir=tmp_path, progress=False)  # fmt: skip
+    result = evaluate_model(
+        torch.nn.Linear(1, 1),
+        tokenizer,
+        {"known": records},
+        params,
+        k=k,
+        ks=ks,
+        template="tiny",
+        scorer=scorer,
+        out_dir=tmp_path,
+        progress=False,
+    )
     summary = result["suites"]["known"]
     counts = fake.correct_counts(k)
     greedy = [int(q % 2 == 0) for q in range(len(records))]
@@ -194,13 +232,22 @@ def test_average_over_suites_plain_vs_count(tmp_path: Path, tokenizer, scorer, m
     fake_small, fake_large = ScriptedGenerate(tokenizer, small, "tiny"), ScriptedGenerate(tokenizer, large, "tiny")
 
     def fake(model, prompt_ids, params, **kw):
-        return (fake_small if tuple(prompt_ids[0]) in fake_small.index else fake_large)(model, prompt_ids, params,
-                                                                                          **kw)  # fmt: skip
+        return (fake_small if tuple(prompt_ids[0]) in fake_small.index else fake_large)(model, prompt_ids, params, **kw)
 
     monkeypatch.setattr(evaluate_mod, "generate", fake)
     params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=1.0, seed=0)
-    result = evaluate_model(torch.nn.Linear(1, 1), tokenizer, {"small": small, "large": large}, params, k=2, ks=[1],
-                            template="tiny", scorer=scorer, out_dir=tmp_path, progress=False)  # fmt: skip
+    result = evaluate_model(
+        torch.nn.Linear(1, 1),
+        tokenizer,
+        {"small": small, "large": large},
+        params,
+        k=2,
+        ks=[1],
+        template="tiny",
+        scorer=scorer,
+        out_dir=tmp_path,
+        progress=False,
+    )
     # greedy right on even questions: small 1/2, large 3/6 -> both 0.5; use pass@1 instead:
     # c_q = q mod 3 of k=2 -> small: (0 + 1) / 4, large: (0 + 1 + 2 + 0 + 1 + 2) / 12
     s_mean, l_mean = 1 / 4, 6 / 12

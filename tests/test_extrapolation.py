@@ -38,8 +38,14 @@ from creditlab.rewards import RewardScorer  # noqa: E402
 
 torch.set_num_threads(1)
 
-ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=128)  # fmt: skip
+ARCH = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+)
 VOCAB, PAD, BOS, EOS = 27, 0, 1, 2
 INF = math.inf
 
@@ -94,8 +100,9 @@ def test_extrapolated_logprobs_direct_reading() -> None:
             assert out[i].exp().tolist() == pytest.approx([x / sum(p) for x in p], abs=1e-12)
     assert torch.equal(extrapolated_logprobs(lp_rl, lp_base, 0.0), torch.log_softmax(lp_rl, -1))
     # unnormalised inputs: any per-row constant cancels
-    assert torch.allclose(extrapolated_logprobs(lp_rl + 3.0, lp_base - 1.0, 0.2),
-                          extrapolated_logprobs(lp_rl, lp_base, 0.2), atol=1e-12)  # fmt: skip
+    assert torch.allclose(
+        extrapolated_logprobs(lp_rl + 3.0, lp_base - 1.0, 0.2), extrapolated_logprobs(lp_rl, lp_base, 0.2), atol=1e-12
+    )
 
 
 def _direct_kl(p: list[float], q: list[float]) -> float:
@@ -134,8 +141,11 @@ def test_criteria_registry_directions_and_zero_probabilities() -> None:
     assert crit.get_criterion("dlogp") is crit.CRITERIA[0]
     dlogp = crit.get_criterion("dlogp")
     assert (dlogp.direction("base"), dlogp.direction("rl")) == ("le", "ge")
-    assert all(crit.get_criterion(n).direction(d) == "ge" for n in ("kl", "reverse_kl", "js", "entropy")
-               for d in ("base", "rl"))  # fmt: skip
+    assert all(
+        crit.get_criterion(n).direction(d) == "ge"
+        for n in ("kl", "reverse_kl", "js", "entropy")
+        for d in ("base", "rl")
+    )
     assert crit.get_criterion("random").direction("base") == "le"
     s = torch.tensor([-1.0, 0.0, 1.0])
     assert crit.fires(s, 0.0, "le").tolist() == [True, True, False]
@@ -237,8 +247,14 @@ def test_first_step_matches_brute_force_mixture(base, rl, decode_with, gamma, k)
     u1 = ((torch.arange(n1) + 0.5) / n1).repeat(n0)
     uniforms = torch.zeros(n0 * n1, 3)
     uniforms[:, PROPOSAL], uniforms[:, RESAMPLE] = u0, u1
-    rule = make_rule("dlogp", threshold=tau, gamma=gamma, decode_with=decode_with, top_k_support=k,
-                     params=SamplingParams(temperature=temperature, top_p=top_p))  # fmt: skip
+    rule = make_rule(
+        "dlogp",
+        threshold=tau,
+        gamma=gamma,
+        decode_with=decode_with,
+        top_k_support=k,
+        params=SamplingParams(temperature=temperature, top_p=top_p),
+    )
     dec, other = (lg_rl, lg_base) if dec_is_rl else (lg_base, lg_rl)
     tokens, flags = rule.choose([dec.expand(n0 * n1, -1), other.expand(n0 * n1, -1)], uniforms)
     freq = torch.bincount(tokens, minlength=VOCAB).double() / (n0 * n1)
@@ -277,8 +293,9 @@ def test_first_step_end_to_end_chi_square(base, rl) -> None:
     mass = sum(q[z] for z in range(VOCAB) if fired[z])
     exact = [q[y] * (not fired[y]) + mass * r[y] for y in range(VOCAB)]
     n = 20000
-    gen, stats = selective_generate(base, rl, [prompt] * n, SamplingParams(max_new_tokens=1, eos_id=-1, seed=11),
-                                    threshold=tau, gamma=0.4)  # fmt: skip
+    gen, stats = selective_generate(
+        base, rl, [prompt] * n, SamplingParams(max_new_tokens=1, eos_id=-1, seed=11), threshold=tau, gamma=0.4
+    )
     counts = torch.bincount(torch.tensor([r_[0] for r_ in gen.response_ids]), minlength=VOCAB).double()
     expected = torch.tensor(exact, dtype=torch.float64) * n
     big = expected >= 5
@@ -334,17 +351,25 @@ SEQ_CASES = [  # criterion, threshold, gamma, decode_with, fire_when, top_k_supp
 
 
 @pytest.mark.parametrize("criterion,threshold,gamma,decode_with,fire_when,k,greedy", SEQ_CASES)
-def test_sequences_match_teacher_forced_reference(base, rl, criterion, threshold, gamma, decode_with, fire_when,
-                                                  k, greedy) -> None:  # fmt: skip
+def test_sequences_match_teacher_forced_reference(
+    base, rl, criterion, threshold, gamma, decode_with, fire_when, k, greedy
+) -> None:
     prompts = _prompts(9, seed=1)
     primary, secondary = (rl, base) if decode_with == "rl" else (base, rl)
-    settings = dict(criterion=criterion, threshold=threshold, gamma=gamma, decode_with=decode_with,
-                    fire_when=fire_when, top_k_support=k)  # fmt: skip
+    settings = dict(
+        criterion=criterion,
+        threshold=threshold,
+        gamma=gamma,
+        decode_with=decode_with,
+        fire_when=fire_when,
+        top_k_support=k,
+    )
     params = SamplingParams(max_new_tokens=12, eos_id=EOS, seed=7, greedy=greedy, temperature=0.9, top_p=0.95)
     gen, stats = selective_generate(primary, secondary, prompts, params, batch_size=4, **settings)
     rule = make_rule(**settings, params=SamplingParams(greedy=greedy, temperature=0.9, top_p=0.95))
-    ref, resampled, changed = _reference_decode(primary, secondary, prompts, gen.response_ids, rule=rule, seed=7,
-                                                max_new=12)  # fmt: skip
+    ref, resampled, changed = _reference_decode(
+        primary, secondary, prompts, gen.response_ids, rule=rule, seed=7, max_new=12
+    )
     assert ref == gen.response_ids
     assert stats["resampled"] == resampled and stats["changed"] == changed
     assert stats["n_tokens"] == [len(r) for r in gen.response_ids]
@@ -416,8 +441,9 @@ def test_evaluate_model_with_selective_generate_fn(tmp_path: Path) -> None:
     kw = dict(k=3, ks=[1, 3], template="tiny", batch_size=5, progress=False)
     with RewardScorer("math_verify", timeout_s=5.0) as scorer:
         fn = make_selective_generate_fn(base_m, rl_m, threshold=-0.2, gamma=0.3)
-        result = evaluate_model(None, tok, suites, params, generate_fn=fn, scorer=scorer, out_dir=tmp_path / "sel",
-                                **kw)  # fmt: skip
+        result = evaluate_model(
+            None, tok, suites, params, generate_fn=fn, scorer=scorer, out_dir=tmp_path / "sel", **kw
+        )
         plain = evaluate_model(base_m, tok, suites, params, scorer=scorer, out_dir=tmp_path / "plain", **kw)
         never = make_selective_generate_fn(base_m, rl_m, threshold=-INF, gamma=0.3)
         evaluate_model(None, tok, suites, params, generate_fn=never, scorer=scorer, out_dir=tmp_path / "never", **kw)
@@ -428,13 +454,16 @@ def test_evaluate_model_with_selective_generate_fn(tmp_path: Path) -> None:
     samples = [r for r in rows if r["sample"] >= 0]
     assert len({r["n_tokens"] for r in samples}) > 1  # so that token-weighted rates differ from row means
     summary = result["suites"]["s"]
-    assert summary["replacement_rate"] == pytest.approx(sum(r["resampled"] for r in samples)
-                                                        / sum(r["n_tokens"] for r in samples))  # fmt: skip
-    assert summary["changed_rate"] == pytest.approx(sum(r["changed"] for r in samples)
-                                                    / sum(r["n_tokens"] for r in samples))  # fmt: skip
+    assert summary["replacement_rate"] == pytest.approx(
+        sum(r["resampled"] for r in samples) / sum(r["n_tokens"] for r in samples)
+    )
+    assert summary["changed_rate"] == pytest.approx(
+        sum(r["changed"] for r in samples) / sum(r["n_tokens"] for r in samples)
+    )
     greedy = [r for r in rows if r["sample"] < 0]
-    assert summary["greedy_replacement_rate"] == pytest.approx(sum(r["resampled"] for r in greedy)
-                                                               / sum(r["n_tokens"] for r in greedy))  # fmt: skip
+    assert summary["greedy_replacement_rate"] == pytest.approx(
+        sum(r["resampled"] for r in greedy) / sum(r["n_tokens"] for r in greedy)
+    )
     assert 0 < summary["replacement_rate"] < 1
     on_disk = json.loads((tmp_path / "sel" / "metrics.json").read_text())
     assert on_disk["settings"]["decoder"]["name"] == "selective_extrapolation"

@@ -51,10 +51,21 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """Qwen's chat format (ChatML), the template of the papers' backbones."""
-ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=128, max_position_embeddings=4096, tie_word_embeddings=False)  # fmt: skip
-SUITES = {"aime25": ("aime25", fixture("aime25")), "gpqa-diamond": ("gpqa-diamond", HUB / "gpqa_diamond.jsonl"),
-          "livecodebench-v6": ("livecodebench", fixture("livecodebench"))}  # fmt: skip
+ARCH = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=128,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+SUITES = {
+    "aime25": ("aime25", fixture("aime25")),
+    "gpqa-diamond": ("gpqa-diamond", HUB / "gpqa_diamond.jsonl"),
+    "livecodebench-v6": ("livecodebench", fixture("livecodebench")),
+}
 KINDS = {"aime25": "math_verify", "gpqa-diamond": "multiple_choice", "livecodebench-v6": "code_exec"}
 LCB_SOLUTIONS = {  # a right program per LiveCodeBench fixture problem (stdin and functional)
     "abc395_a": "a, b = map(int, input().split())\nprint(a + b)\n",
@@ -100,8 +111,9 @@ def hub_world(tmp_path_factory):
     suites = {}
     for suite, (name, path) in SUITES.items():
         suites[suite] = [dict(r, split=suite) for r in load_dataset(name, path)]
-        write_records(suites[suite], paths.fmt(paths.DATA_DIR, results=results, scale="paper") / "suites" /
-                      f"{suite}.parquet")  # fmt: skip
+        write_records(
+            suites[suite], paths.fmt(paths.DATA_DIR, results=results, scale="paper") / "suites" / f"{suite}.parquet"
+        )
     texts = [render_record_prompt(r, "boxed") + _right(r) + _wrong(r) for recs in suites.values() for r in recs]
     tok = build_tokenizer(texts + ["user\nassistant\n"])
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
@@ -120,8 +132,10 @@ def hub_world(tmp_path_factory):
         done = paths.fmt(paths.BASE_DONE, results=results, scale="paper", backbone=backbone)
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps({"hf_id": "stand-in", "path": str(models["hub"][1])}))
-    rl_final = paths.fmt(paths.RUN_DIR, results=results, scale="paper", backbone="qwen2.5-32b", run="dapo-ds",
-                         seed=0) / "final"  # fmt: skip
+    rl_final = (
+        paths.fmt(paths.RUN_DIR, results=results, scale="paper", backbone="qwen2.5-32b", run="dapo-ds", seed=0)
+        / "final"
+    )
     rl_final.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(models["rl"][1], rl_final)
     pipeline = yaml.safe_load((CONFIG_DIR / "pipeline.yaml").read_text()) | {"scale": "paper", "results": str(results)}
@@ -156,13 +170,15 @@ def test_hub_model_evaluation_through_vllm(hub_world, monkeypatch) -> None:
         # greedy through vLLM = the local sampler on the same weights and the same (chat) prompt ids
         greedy = [r for r in rows if r["sample"] == GREEDY_SAMPLE]
         local = generate(model, ids, SamplingParams(max_new_tokens=10, eos_id=w["tok"].eos_token_id, greedy=True))
-        assert [r["response"] for r in greedy] == [w["tok"].decode(x, skip_special_tokens=True)
-                                                   for x in local.response_ids]  # fmt: skip
+        assert [r["response"] for r in greedy] == [
+            w["tok"].decode(x, skip_special_tokens=True) for x in local.response_ids
+        ]
     # the base model's MLflow run holds the metrics
     import mlflow
 
-    found = mlflow.search_runs(experiment_names=[run.experiment], filter_string=f"tags.run_key = '{run.key}'",
-                               output_format="list")  # fmt: skip
+    found = mlflow.search_runs(
+        experiment_names=[run.experiment], filter_string=f"tags.run_key = '{run.key}'", output_format="list"
+    )
     assert len(found) == 1 and "eval/gpqa-diamond/avg_at_2" in found[0].data.metrics
 
 
@@ -173,14 +189,20 @@ def test_selective_decoding_of_a_trained_hub_run(hub_world, monkeypatch) -> None
     plan = w["plan"]
     run, decode = plan.get("qwen2.5-32b", "dapo-ds", 0), plan.decode("extrap")
     assert plan.eval_suites(run, "extrap") == ["aime24"]  # what the job would evaluate; the fixtures' suites here
-    result = evaluate_run(run, _small(run_config(run)), w["results"], decode=decode, suites=["aime25"],
-                              quiet=True)  # fmt: skip
+    result = evaluate_run(run, _small(run_config(run)), w["results"], decode=decode, suites=["aime25"], quiet=True)
     assert result["settings"]["decoder"]["name"] == "selective_extrapolation"
     assert result["settings"]["decoder"]["backend"] == "vllm"
     s = result["suites"]["aime25"]
     assert 0.0 <= s["replacement_rate"] <= 1.0 and s["n_questions"] == 2
-    out = paths.fmt(paths.DECODE_EVAL_DIR, results=w["results"], scale="paper", backbone=run.backbone, run=run.run,
-                    seed=0, decode="extrap")  # fmt: skip
+    out = paths.fmt(
+        paths.DECODE_EVAL_DIR,
+        results=w["results"],
+        scale="paper",
+        backbone=run.backbone,
+        run=run.run,
+        seed=0,
+        decode="extrap",
+    )
     assert (out / "metrics.json").is_file()
     assert result["provenance"]["decode"]["name"] == "extrap"
 
@@ -209,8 +231,17 @@ def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
         return fn
 
     for right in (True, False):
-        result = evaluate_suites(None, tok, w["suites"], cfg, 0, tmp_path / str(right), True, scripted(right),
-                               eos_id=[tok.eos_token_id, w["im_end"]])  # fmt: skip
+        result = evaluate_suites(
+            None,
+            tok,
+            w["suites"],
+            cfg,
+            0,
+            tmp_path / str(right),
+            True,
+            scripted(right),
+            eos_id=[tok.eos_token_id, w["im_end"]],
+        )
         for suite, res in result["suites"].items():
             assert res["metrics"]["avg@2"]["mean"] == float(right), (suite, right)
             assert res["metrics"]["greedy"]["mean"] == float(right), (suite, right)
@@ -243,7 +274,6 @@ def test_hub_engine_settings_size_the_gpus() -> None:
         assert e["vllm"]["max_model_len"] == cfg["trainer"]["max_prompt_tokens"] + cfg["eval"]["max_new_tokens"]
         assert e["vllm"]["enforce_eager"] is False and e["vllm"]["dtype"] == "auto"
         assert e["vllm"]["extra"].get("hf_overrides") == (cfg["model"]["override_config"] or None)
-        engines, _ = client.eval_engines(e, base_dir=Path("/base"), run_dir=Path("/run"),
-                                         decode={"criterion": "dlogp"})  # fmt: skip
+        engines, _ = client.eval_engines(e, base_dir=Path("/base"), run_dir=Path("/run"), decode={"criterion": "dlogp"})
         assert {n: s["extra"]["gpu_memory_utilization"] for n, s in engines.items()} == {"base": 0.425, "rl": 0.425}
     assert len(seen) == 9

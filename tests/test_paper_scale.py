@@ -370,18 +370,44 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     t0 = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "--snakefile", str(repo / "Snakefile"),
-                           "--directory", str(tmp_path), "-n", "--verbose", "--config", "scale=paper",
-                           f"results={tmp_path / 'results'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("snakemake")),
+            "--snakefile",
+            str(repo / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "-n",
+            "--verbose",
+            "--config",
+            "scale=paper",
+            f"results={tmp_path / 'results'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     seconds = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out[out.rindex("Job stats:") :], re.M))
     assert {k: int(v) for k, v in counts.items()} == {
-        "init_tracking": 1, "prepare_data": 1, "warmup": 9, "train": 131, "evaluate": 133, "evaluate_decode": 19,
-        "table": 16, "ledger": 5, "figure": 5, "token_credit_figure": 1, "analysis": 5, "diagnose": 1, "all": 1,
-        "total": 328}, counts  # fmt: skip
+        "init_tracking": 1,
+        "prepare_data": 1,
+        "warmup": 9,
+        "train": 131,
+        "evaluate": 133,
+        "evaluate_decode": 19,
+        "table": 16,
+        "ledger": 5,
+        "figure": 5,
+        "token_credit_figure": 1,
+        "analysis": 5,
+        "diagnose": 1,
+        "all": 1,
+        "total": 328,
+    }, counts
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
     checked = 0
     for rule, wildcards, resources in jobs:

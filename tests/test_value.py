@@ -59,8 +59,9 @@ def _direct(tr, ro, golds, i, t, branch, n, seed):
 
 def _params(tr, max_new_tokens=MAX_NEW, seed=0):
     """The continuations' sampling (the tokenizer's EOS)."""
-    return SamplingParams(max_new_tokens=max_new_tokens, eos_id=tr.tok.eos_token_id, temperature=TEMP, top_p=TOP_P,
-                          seed=seed)  # fmt: skip
+    return SamplingParams(
+        max_new_tokens=max_new_tokens, eos_id=tr.tok.eos_token_id, temperature=TEMP, top_p=TOP_P, seed=seed
+    )
 
 
 def _items(ro, eos):

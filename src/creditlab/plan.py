@@ -170,10 +170,14 @@ class Plan:
     def eval_suites(self, run: Run, decode: str | None = None) -> list[str]:
         """The suites of every table that reads the evaluation of ``run`` (decoded with ``decode``, None: plain),
         in table order: what that evaluation must cover at this scale (paper scale evaluates only these)."""
-        return list(dict.fromkeys(
-            suite for paper, table in self.buildable_tables
-            if any(r.key == run.key and d == decode for r, d in self.table_evals(paper, table))
-            for suite in self.table_suites(paper, table)))  # fmt: skip
+        return list(
+            dict.fromkeys(
+                suite
+                for paper, table in self.buildable_tables
+                if any(r.key == run.key and d == decode for r, d in self.table_evals(paper, table))
+                for suite in self.table_suites(paper, table)
+            )
+        )
 
     def decode(self, name: str) -> DecodeSpec:
         if name not in self.decodes:
@@ -577,8 +581,12 @@ def composed_configs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict
     from creditlab.config_compose import CachedComposer
 
     with CachedComposer(config_dir, "run") as composer:
-        return {run.key: _compose_with(composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides,
-                                                          run.seed, config_dir)) for run in runs}  # fmt: skip
+        return {
+            run.key: _compose_with(
+                composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides, run.seed, config_dir)
+            )
+            for run in runs
+        }
 
 
 def run_config(run: Run, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:

@@ -191,8 +191,13 @@ def coupled_outcomes(
                 prefixes.append(list(prompts[i]) + head)
                 budgets.append(budget)
                 us.append(uni[i][j, t + 1 : t + 1 + budget][None])
-    conts = sample_continuations(model, prefixes, budgets, [0] * len(prefixes), params, n=1, chunk=chunk,
-                                 progress=progress, uniforms=us) if prefixes else []  # fmt: skip
+    conts = (
+        sample_continuations(
+            model, prefixes, budgets, [0] * len(prefixes), params, n=1, chunk=chunk, progress=progress, uniforms=us
+        )
+        if prefixes
+        else []
+    )
     full = [list(h) for h in heads]
     decoded = 0
     for k, c in zip(which, conts):
@@ -630,8 +635,13 @@ def analyze(
     Rsp = [ro.responses[i] for i in rows]
     G = [ro.golds[i] for i in rows]
     model.eval()
-    params = SamplingParams(max_new_tokens=t["max_new_tokens"], temperature=t["temperature"], top_p=t["top_p"],
-                            eos_id=tr.stop_ids, seed=seed)  # fmt: skip
+    params = SamplingParams(
+        max_new_tokens=t["max_new_tokens"],
+        temperature=t["temperature"],
+        top_p=t["top_p"],
+        eos_id=tr.stop_ids,
+        seed=seed,
+    )
     mc = coupled_outcomes(model, P, Rsp, G, reward_fn, params, K=K, pad_id=tr.tok.pad_token_id, progress=tr.progress)
     model.train(was)
     truth = token_truth(mc["C"])

@@ -119,8 +119,9 @@ def sample_continuations(
                 u = torch.zeros(len(part), width, 1)
                 for r, (k, j) in enumerate(part):
                     u[r, : budgets[k]] = uni[k][j]
-                resp, _, _ = _decode_batch([state], chooser, [list(prefixes[k]) for k, _ in part], u, width,
-                                           params.stop_ids)  # fmt: skip
+                resp, _, _ = _decode_batch(
+                    [state], chooser, [list(prefixes[k]) for k, _ in part], u, width, params.stop_ids
+                )
                 for (k, j), toks in zip(part, resp):
                     out[k][j] = toks[: budgets[k]]
                 bar.update(len(part))
@@ -358,7 +359,7 @@ def value_probe(
             top_p=t["top_p"],
             eos_id=trainer.stop_ids,
             seed=seed,
-        ),  # fmt: skip
+        ),
         n=n,
         progress=trainer.progress,
     )

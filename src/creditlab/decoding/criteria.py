@@ -66,9 +66,14 @@ class Criterion:
     fires_rl: Direction = "ge"
 
     def __call__(
-        self, logp_rl: Tensor, logp_base: Tensor, token: Tensor, *, decoder: Decoder = "base",
+        self,
+        logp_rl: Tensor,
+        logp_base: Tensor,
+        token: Tensor,
+        *,
+        decoder: Decoder = "base",
         uniforms: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         return self.score(logp_rl, logp_base, token, decoder=decoder, uniforms=uniforms)
 
     def direction(self, decoder: Decoder) -> Direction:
@@ -128,14 +133,16 @@ def sym_kl_score(logp_rl: Tensor, logp_base: Tensor, token: Tensor, **_: object)
     return 0.5 * (kl_divergence(logp_rl, logp_base) + kl_divergence(logp_base, logp_rl))
 
 
-def entropy_score(logp_rl: Tensor, logp_base: Tensor, token: Tensor, *, decoder: Decoder = "base",
-                  **_: object) -> Tensor:  # fmt: skip
+def entropy_score(
+    logp_rl: Tensor, logp_base: Tensor, token: Tensor, *, decoder: Decoder = "base", **_: object
+) -> Tensor:
     """Entropy of the decoding model's distribution (pi_base when decoder="base", else pi_RL) -> [B]."""
     return entropy(logp_rl if decoder == "rl" else logp_base)
 
 
-def random_score(logp_rl: Tensor, logp_base: Tensor, token: Tensor, *, uniforms: Tensor | None = None,
-                 **_: object) -> Tensor:  # fmt: skip
+def random_score(
+    logp_rl: Tensor, logp_base: Tensor, token: Tensor, *, uniforms: Tensor | None = None, **_: object
+) -> Tensor:
     """The step's criterion uniforms [B] themselves (fires on u <= thr: thr is the replacement rate)."""
     if uniforms is None:
         raise ValueError("the random criterion needs the criterion stream's uniforms")

@@ -167,8 +167,15 @@ def make_rule(
 ) -> SelectiveRule:
     """A :class:`SelectiveRule` from settings; ``fire_when`` None = the criterion's default direction."""
     crit = get_criterion(criterion)
-    return SelectiveRule(crit, float(threshold), float(gamma), decode_with, fire_when or crit.direction(decode_with),
-                         top_k_support, params)  # fmt: skip
+    return SelectiveRule(
+        crit,
+        float(threshold),
+        float(gamma),
+        decode_with,
+        fire_when or crit.direction(decode_with),
+        top_k_support,
+        params,
+    )
 
 
 def selective_generate(
@@ -201,8 +208,15 @@ def selective_generate(
     included), stats["resampled"] (positions where the criterion fired) and stats["changed"]
     (resampled positions whose token differs from the proposal). Deterministic given ``params.seed``.
     """
-    rule = make_rule(criterion, threshold=threshold, gamma=gamma, decode_with=decode_with, fire_when=fire_when,
-                     top_k_support=top_k_support, params=params)  # fmt: skip
+    rule = make_rule(
+        criterion,
+        threshold=threshold,
+        gamma=gamma,
+        decode_with=decode_with,
+        fire_when=fire_when,
+        top_k_support=top_k_support,
+        params=params,
+    )
     return decode_with_rule(primary, secondary, prompt_ids, rule, batch_size=batch_size, progress=progress)
 
 
@@ -220,8 +234,9 @@ def decode_with_rule(
     of :func:`creditlab.engines.vllm.extrapolation.selective_decode`. Returns what :func:`selective_generate`
     returns."""
     states = [DecodeState(primary), DecodeState(secondary)]
-    generation, flags = decode_with_chooser(states, rule.chooser(), prompt_ids, rule.params, batch_size=batch_size,
-                                            progress=progress)  # fmt: skip
+    generation, flags = decode_with_chooser(
+        states, rule.chooser(), prompt_ids, rule.params, batch_size=batch_size, progress=progress
+    )
     return generation, {"n_tokens": [len(r) for r in generation.response_ids], **flags}
 
 
@@ -291,7 +306,13 @@ def make_selective_generate_fn(
 
     The settings are validated here, before any decoding.
     """
-    options = dict(criterion=criterion, threshold=float(threshold), gamma=float(gamma), decode_with=decode_with,
-                   fire_when=fire_when, top_k_support=top_k_support)  # fmt: skip
+    options = dict(
+        criterion=criterion,
+        threshold=float(threshold),
+        gamma=float(gamma),
+        decode_with=decode_with,
+        fire_when=fire_when,
+        top_k_support=top_k_support,
+    )
     make_rule(**options)  # validate now rather than inside the evaluation
     return SelectiveGenerateFn(base_model, rl_model, options)

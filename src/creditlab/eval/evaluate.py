@@ -98,8 +98,13 @@ def suite_seed(seed: int, suite: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(suite.encode("utf-8"))) % (2**31 - 1)
 
 
-def encode_prompts(tokenizer: Any, records: Sequence[dict], template: str, chat: bool = False,
-                   chat_kwargs: dict[str, Any] | None = None) -> tuple[list[str], list[list[int]]]:  # fmt: skip
+def encode_prompts(
+    tokenizer: Any,
+    records: Sequence[dict],
+    template: str,
+    chat: bool = False,
+    chat_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[str], list[list[int]]]:
     """Rendered prompts and their token ids for each record (:func:`creditlab.data.schema.render_record_prompt`).
 
     ``chat`` False (tiny models): the text as is, the tokenizer adding BOS. ``chat`` True (hub models, as verl
@@ -169,8 +174,9 @@ def _decode_suite(
     greedy, greedy_stats = generate_fn(prompt_ids, replace(params, greedy=True), **loop)
     repeated = [ids for ids in prompt_ids for _ in range(k)]
     sampled, sampled_stats = generate_fn(repeated, params, **loop)
-    stats = {name: list(greedy_stats[name]) + list(sampled_stats[name]) for name in greedy_stats
-             if name in sampled_stats}  # fmt: skip
+    stats = {
+        name: list(greedy_stats[name]) + list(sampled_stats[name]) for name in greedy_stats if name in sampled_stats
+    }
     return greedy, sampled, stats
 
 
@@ -211,7 +217,7 @@ def _generation_rows(
             "n_tokens": len(responses[g]),
             "finished": bool(finished[g]),
             **{name: int(values[g]) for name, values in (stats or {}).items() if name != "n_tokens"},
-        }  # fmt: skip
+        }
         for g in order
     ]
 
@@ -290,8 +296,9 @@ def evaluate_suite(
     prompts, prompt_ids = encode_prompts(tokenizer, records, template, chat, chat_kwargs)
     if params.eos_id is None:
         params = replace(params, eos_id=tokenizer.eos_token_id)
-    greedy_gen, sampled_gen, stats = _decode_suite(generate_fn or plain_generate_fn(model), prompt_ids, params, k=k,
-                                                   batch_size=batch_size, progress=progress)  # fmt: skip
+    greedy_gen, sampled_gen, stats = _decode_suite(
+        generate_fn or plain_generate_fn(model), prompt_ids, params, k=k, batch_size=batch_size, progress=progress
+    )
     responses = list(greedy_gen.response_ids) + list(sampled_gen.response_ids)
     finished = list(greedy_gen.finished) + list(sampled_gen.finished)
     rows = _generation_rows(suite, records, prompts, responses, finished, k, tokenizer, scorer, stats)
@@ -399,10 +406,22 @@ def evaluate_model(
         bar = progress_bar(len(suites), "eval suites", enabled=progress, every_s=0)
         for name in suites:
             results[name] = evaluate_suite(
-                model, tokenizer, name, suites[name], replace(params, seed=suite_seed(params.seed, name)), k=k,
-                ks=ks, template=template, scorer=scorers[name], out_dir=out_dir, batch_size=batch_size,
-                progress=progress, generate_fn=generate_fn, chat=chat, chat_kwargs=chat_kwargs,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                name,
+                suites[name],
+                replace(params, seed=suite_seed(params.seed, name)),
+                k=k,
+                ks=ks,
+                template=template,
+                scorer=scorers[name],
+                out_dir=out_dir,
+                batch_size=batch_size,
+                progress=progress,
+                generate_fn=generate_fn,
+                chat=chat,
+                chat_kwargs=chat_kwargs,
+            )
             bar.set_postfix(suite=name, greedy=f"{results[name]['metrics']['greedy']['mean']:.3f}")
             bar.update(1)
         bar.close()
@@ -429,7 +448,7 @@ def evaluate_model(
             "n_boot": N_BOOT,
             "alpha": ALPHA,
             "decoder": getattr(generate_fn, "settings", None) or {"name": "sampler"},
-        },  # fmt: skip
+        },
         "reward_stats": _reward_stats(scorers),
     }
     _write_json_atomic(result, out_dir / "metrics.json")

@@ -59,7 +59,7 @@ def diagnose(
                 temperature=e["temperature"],
                 top_p=e["top_p"],
                 seed=run.seed,
-            ),  # fmt: skip
+            ),
             source=s,
             pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
         )

@@ -45,8 +45,9 @@ def evaluate(
     evaluate_run(run, run_config(run), Path(results), decode=decoding, suites=suites, quiet=quiet)
 
 
-def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites: list[str] | None = None,
-                 quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+def evaluate_run(
+    run, cfg: dict[str, Any], results: Path, *, decode=None, suites: list[str] | None = None, quiet: bool = False
+) -> dict[str, Any]:
     """Evaluate one planned run (resolved config ``cfg``) under ``results``: what ``creditlab evaluate`` does.
 
     suites: suite names (results/<scale>/data/suites/<name>.parquet), None = every suite there. Tiny models:
@@ -79,8 +80,11 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
     run_dir = paths.fmt(paths.RUN_DIR, **fill)
     src = sources(run, cfg, results)
     base_model = src.base
-    files = (sorted((data_dir / "suites").glob("*.parquet")) if suites is None
-             else [data_dir / "suites" / f"{name}.parquet" for name in suites])  # fmt: skip
+    files = (
+        sorted((data_dir / "suites").glob("*.parquet"))
+        if suites is None
+        else [data_dir / "suites" / f"{name}.parquet" for name in suites]
+    )
     missing = [str(f) for f in files if not f.is_file()]
     if missing or not files:
         raise SystemExit(f"{run.key}: no suite file(s) {missing or str(data_dir / 'suites')}: run the `prepare` job")
@@ -103,8 +107,11 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
 
             model = None
             eval_cfg = hub_engine_settings(cfg) if hub else cfg["eval"]
-            generate_fn = stack.enter_context(eval_generate_fn(
-                eval_cfg, base_dir=base_model, run_dir=run_dir if run.trains else None, decode=settings))  # fmt: skip
+            generate_fn = stack.enter_context(
+                eval_generate_fn(
+                    eval_cfg, base_dir=base_model, run_dir=run_dir if run.trains else None, decode=settings
+                )
+            )
         elif decode is None:
             model = load_model(run_dir / "final" if run.trains else base_model)
         else:
@@ -113,10 +120,15 @@ def evaluate_run(run, cfg: dict[str, Any], results: Path, *, decode=None, suites
             model, rl_model = load_model(base_model), load_model(run_dir / "final")
             generate_fn = make_selective_generate_fn(model, rl_model, **settings)
         result = evaluate_suites(model, tok, suite_records, cfg, run.seed, out, quiet, generate_fn, eos_id)
-        result["provenance"] = {"run_key": run.key, "mlflow_run_id": tracker.run_id, "commit": git_commit(),
-                                "config": str(config_path), "scale": run.scale, "model": str(
-                                    run_dir / "final" if run.trains else base_model),
-                                "decode": settings | {"name": decode.name} if decode else None}  # fmt: skip
+        result["provenance"] = {
+            "run_key": run.key,
+            "mlflow_run_id": tracker.run_id,
+            "commit": git_commit(),
+            "config": str(config_path),
+            "scale": run.scale,
+            "model": str(run_dir / "final" if run.trains else base_model),
+            "decode": settings | {"name": decode.name} if decode else None,
+        }
         write_json(result, out / "metrics.json")
         flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
         flat |= {
@@ -153,18 +165,38 @@ def evaluate_suites(
     e, t = cfg["eval"], cfg["trainer"]
     rewards = {name: reward_of_kind(records_kind(recs, f"suite {name}"), t["reward"]) for name, recs in suites.items()}
     with ExitStack() as stack:
-        scorers = {reward: stack.enter_context(RewardScorer(reward, timeout_s=reward_timeout(
-                       reward, [r for n, recs in suites.items() if rewards[n] == reward for r in recs],
-                       t["reward_timeout_s"])))
-                   for reward in dict.fromkeys(rewards.values())}  # fmt: skip
-        params = SamplingParams(max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], top_p=e["top_p"],
-                                eos_id=eos_id, seed=seed)  # fmt: skip
-        return evaluate_model(model, tok, suites, params, k=e["k"], ks=list(e["ks"]),
-                              template=cfg["data"].get("template", "tiny"),
-                              scorer={name: scorers[rewards[name]] for name in suites}, out_dir=out,
-                              batch_size=e.get("batch_size"), generate_fn=generate_fn, progress=not quiet,
-                              chat=bool(e.get("chat_template", False)),
-                              chat_kwargs=e.get("chat_template_kwargs"))  # fmt: skip
+        scorers = {
+            reward: stack.enter_context(
+                RewardScorer(
+                    reward,
+                    timeout_s=reward_timeout(
+                        reward,
+                        [r for n, recs in suites.items() if rewards[n] == reward for r in recs],
+                        t["reward_timeout_s"],
+                    ),
+                )
+            )
+            for reward in dict.fromkeys(rewards.values())
+        }
+        params = SamplingParams(
+            max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], top_p=e["top_p"], eos_id=eos_id, seed=seed
+        )
+        return evaluate_model(
+            model,
+            tok,
+            suites,
+            params,
+            k=e["k"],
+            ks=list(e["ks"]),
+            template=cfg["data"].get("template", "tiny"),
+            scorer={name: scorers[rewards[name]] for name in suites},
+            out_dir=out,
+            batch_size=e.get("batch_size"),
+            generate_fn=generate_fn,
+            progress=not quiet,
+            chat=bool(e.get("chat_template", False)),
+            chat_kwargs=e.get("chat_template_kwargs"),
+        )
 
 
 def reward_timeout(reward: str, records: list[dict], timeout_s: float) -> float:

@@ -248,9 +248,18 @@ class RewardScorer:
         self._memory: dict[tuple[str, str], float] = {}
         self._disk: _SqliteCache | None = None
         self._stats = dict.fromkeys(
-            ("n_scored", "n_cache_hits", "n_judged", "n_no_answer", "n_timeouts", "n_crashes",
-             "n_errors", "n_worker_restarts"), 0,
-        )  # fmt: skip
+            (
+                "n_scored",
+                "n_cache_hits",
+                "n_judged",
+                "n_no_answer",
+                "n_timeouts",
+                "n_crashes",
+                "n_errors",
+                "n_worker_restarts",
+            ),
+            0,
+        )
         self._seconds = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -256,9 +256,13 @@ class Trainer:
         self.model.eval()
         merge = self.peft is not None and self.lcfg.get("merge_for_sampling", False)
         with torch.no_grad(), _autocast(self.device), lora.merged_for_sampling(self.peft) if merge else nullcontext():
-            params = SamplingParams(max_new_tokens=t["max_new_tokens"], eos_id=self.stop_ids,
-                                    temperature=t["temperature"], top_p=t["top_p"],
-                                    seed=step_seed(self.cfg["seed"], step, gen_idx))  # fmt: skip
+            params = SamplingParams(
+                max_new_tokens=t["max_new_tokens"],
+                eos_id=self.stop_ids,
+                temperature=t["temperature"],
+                top_p=t["top_p"],
+                seed=step_seed(self.cfg["seed"], step, gen_idx),
+            )
             gen = generate(self.model, prompts, params)
         self.model.train()
         texts = self.tok.batch_decode(gen.response_ids, skip_special_tokens=True)

@@ -192,10 +192,15 @@ class VllmEngine:
         check_head_dim(spec.model)
         self.spec = spec
         kwargs: dict[str, Any] = dict(
-            model=str(spec.model), tokenizer=str(spec.tokenizer or spec.model), dtype=spec.dtype, seed=spec.seed,
-            max_logprobs=-1, enforce_eager=spec.enforce_eager, enable_prefix_caching=spec.enable_prefix_caching,
+            model=str(spec.model),
+            tokenizer=str(spec.tokenizer or spec.model),
+            dtype=spec.dtype,
+            seed=spec.seed,
+            max_logprobs=-1,
+            enforce_eager=spec.enforce_eager,
+            enable_prefix_caching=spec.enable_prefix_caching,
             generation_config="vllm",  # ignore generation_config.json defaults: every call sets its own sampling
-        )  # fmt: skip
+        )
         if spec.max_model_len is not None:
             kwargs["max_model_len"] = int(spec.max_model_len)
         if spec.enable_lora:
@@ -230,8 +235,9 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        return self.llm.generate(inputs, sampling_params=list(params), lora_request=self.lora_request(lora),
-                                 use_tqdm=False)  # fmt: skip
+        return self.llm.generate(
+            inputs, sampling_params=list(params), lora_request=self.lora_request(lora), use_tqdm=False
+        )
 
     # --------------------------------------------------------------------------------------------- calls
     def generate(
@@ -261,8 +267,14 @@ class VllmEngine:
         max_new_tokens = params.length()
         if not flat or max_new_tokens == 0:
             return SampledGeneration(flat, [[] for _ in flat], [False] * len(flat), [[] for _ in flat])
-        common = dict(max_tokens=max_new_tokens, ignore_eos=True, stop_token_ids=list(params.stop_ids),
-                      logprobs=0 if logprobs else None, detokenize=False, flat_logprobs=False)  # fmt: skip
+        common = dict(
+            max_tokens=max_new_tokens,
+            ignore_eos=True,
+            stop_token_ids=list(params.stop_ids),
+            logprobs=0 if logprobs else None,
+            detokenize=False,
+            flat_logprobs=False,
+        )
         size = batch_size or len(flat)
         responses: list[list[int]] = []
         finished: list[bool] = []
@@ -274,9 +286,17 @@ class VllmEngine:
                 requests = [SamplingParams(n=1, temperature=0.0, **common) for _ in groups]
             else:
                 groups = _runs(len(chunk), [chunk[i] == chunk[i + 1] for i in range(len(chunk) - 1)])
-                requests = [SamplingParams(n=count, temperature=float(params.temperature), top_p=float(params.top_p),
-                                           top_k=int(params.top_k), seed=request_seed(params.seed, lo + start),
-                                           **common) for start, count in groups]  # fmt: skip
+                requests = [
+                    SamplingParams(
+                        n=count,
+                        temperature=float(params.temperature),
+                        top_p=float(params.top_p),
+                        top_k=int(params.top_k),
+                        seed=request_seed(params.seed, lo + start),
+                        **common,
+                    )
+                    for start, count in groups
+                ]
             outputs = self._run([chunk[start] for start, _ in groups], requests, lora)
             for out in outputs:
                 for completion in sorted(out.outputs, key=lambda c: c.index):
@@ -287,8 +307,9 @@ class VllmEngine:
                         token_logprobs.append([float(pos[t].logprob) for pos, t in zip(completion.logprobs, ids)])
         return SampledGeneration(flat, responses, finished, token_logprobs if logprobs else [])
 
-    def prompt_logprobs(self, prompt_ids: Sequence[Sequence[int]], *, lora: str | Path | None = None,
-                        batch_size: int | None = None) -> list[list[float]]:  # fmt: skip
+    def prompt_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], *, lora: str | Path | None = None, batch_size: int | None = None
+    ) -> list[list[float]]:
         """Per prompt, log p(token_t | tokens_<t) for t = 1 .. len - 1 (teacher forcing; temperature 1).
 
         An engine built with ``enable_lora`` scores one prompt per ``LLM.generate`` call: vLLM's LoRA logits

@@ -70,11 +70,24 @@ class VllmWorker:
     to ``stderr`` (default: ours).
     """
 
-    def __init__(self, engines: dict[str, dict[str, Any]], *, python: str | Path | None = None,
-                 env: dict[str, str] | None = None, stderr: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        engines: dict[str, dict[str, Any]],
+        *,
+        python: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        stderr: Any = None,
+    ):
         cmd = [str(python or vllm_python()), "-m", "creditlab.engines.vllm.serve", "--stdio"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                     env=worker_env(env), text=True, encoding="utf-8")  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=worker_env(env),
+            text=True,
+            encoding="utf-8",
+        )
         try:
             self.info = self.call("engines", engines=engines)
         except BaseException:
@@ -125,11 +138,23 @@ class WorkerGenerateFn:
     def settings(self) -> dict[str, Any]:
         return {"name": "vllm", "lora": self.lora, **self.describe}
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, batch_size: int | None = None,
-                 progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
-        res = self.worker.call("generate", engine=self.engine, lora=self.lora, prompt_ids=[list(p) for p in prompt_ids],
-                               logprobs=False,  # the evaluator scores texts: no per-token log-probs to compute
-                               params=asdict(params), batch_size=batch_size)  # fmt: skip
+    def __call__(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> tuple[Generation, dict]:
+        res = self.worker.call(
+            "generate",
+            engine=self.engine,
+            lora=self.lora,
+            prompt_ids=[list(p) for p in prompt_ids],
+            logprobs=False,  # the evaluator scores texts: no per-token log-probs to compute
+            params=asdict(params),
+            batch_size=batch_size,
+        )
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), {}
 
 
@@ -140,11 +165,25 @@ class WorkerSelectiveGenerateFn(SelectiveEngines[str]):
 
     worker: VllmWorker = field(kw_only=True)
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, batch_size: int | None = None,
-                 progress: bool = False) -> tuple[Generation, dict]:  # fmt: skip
-        res = self.worker.call("selective", base=self.base, rl=self.rl, base_lora=self.base_lora, rl_lora=self.rl_lora,
-                               options=self.options, prompt_ids=[list(p) for p in prompt_ids], params=asdict(params),
-                               batch_size=batch_size)  # fmt: skip
+    def __call__(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> tuple[Generation, dict]:
+        res = self.worker.call(
+            "selective",
+            base=self.base,
+            rl=self.rl,
+            base_lora=self.base_lora,
+            rl_lora=self.rl_lora,
+            options=self.options,
+            prompt_ids=[list(p) for p in prompt_ids],
+            params=asdict(params),
+            batch_size=batch_size,
+        )
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
 
 
@@ -156,8 +195,9 @@ def run_adapter(run_dir: Path | None) -> Path | None:
     return adapter if (adapter / "adapter_config.json").exists() else None
 
 
-def eval_engines(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None,
-                 decode: dict[str, Any] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:  # fmt: skip
+def eval_engines(
+    eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None, decode: dict[str, Any] | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The engines of one evaluation and how to decode with them: (engines, decoder).
 
     base_dir: the backbone's base model; run_dir: the trained run (None: evaluate the base model). A run
@@ -183,13 +223,17 @@ def eval_engines(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | No
     if run_dir is None:
         raise ValueError("selective decoding needs a trained run (run_dir)")
     if adapter is not None:
-        return ({"base": engine(base_dir, True)},
-                {"base": "base", "rl": "base", "rl_lora": lora, "options": dict(decode)})  # fmt: skip
+        return (
+            {"base": engine(base_dir, True)},
+            {"base": "base", "rl": "base", "rl_lora": lora, "options": dict(decode)},
+        )
     share = dict(spec.get("extra") or {})  # two engines on the same GPUs: each gets half the memory share
     if "gpu_memory_utilization" in share:
         spec["extra"] = share | {"gpu_memory_utilization": float(share["gpu_memory_utilization"]) / 2}
-    return ({"base": engine(base_dir), "rl": engine(Path(run_dir) / "final")},
-            {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(decode)})  # fmt: skip
+    return (
+        {"base": engine(base_dir), "rl": engine(Path(run_dir) / "final")},
+        {"base": "base", "rl": "rl", "rl_lora": None, "options": dict(decode)},
+    )
 
 
 def hub_engine_settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -216,16 +260,24 @@ def hub_engine_settings(cfg: dict[str, Any]) -> dict[str, Any]:
 def worker_generate_fn(worker: VllmWorker, decoder: dict[str, Any]) -> WorkerGenerateFn | WorkerSelectiveGenerateFn:
     """The generate_fn of ``decoder`` (see :func:`eval_engines`) on ``worker``'s engines."""
     if "options" in decoder:
-        return WorkerSelectiveGenerateFn(decoder["base"], decoder["rl"], decoder["options"],
-                                         rl_lora=decoder.get("rl_lora"), worker=worker)  # fmt: skip
+        return WorkerSelectiveGenerateFn(
+            decoder["base"], decoder["rl"], decoder["options"], rl_lora=decoder.get("rl_lora"), worker=worker
+        )
     spec = worker.info["engines"][decoder["engine"]]
-    return WorkerGenerateFn(worker, decoder["engine"], decoder.get("lora"),
-                            {"model": spec["model"], "dtype": spec["dtype"]})  # fmt: skip
+    return WorkerGenerateFn(
+        worker, decoder["engine"], decoder.get("lora"), {"model": spec["model"], "dtype": spec["dtype"]}
+    )
 
 
 @contextmanager
-def eval_generate_fn(eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None,
-                     decode: dict[str, Any] | None = None, stderr: Any = None) -> Iterator[Any]:  # fmt: skip
+def eval_generate_fn(
+    eval_cfg: dict[str, Any],
+    *,
+    base_dir: Path,
+    run_dir: Path | None = None,
+    decode: dict[str, Any] | None = None,
+    stderr: Any = None,
+) -> Iterator[Any]:
     """The vLLM ``generate_fn`` of one evaluation (``eval.backend: vllm``; engines as :func:`eval_engines`),
     its worker alive inside the block."""
     engines, decoder = eval_engines(eval_cfg, base_dir=base_dir, run_dir=run_dir, decode=decode)

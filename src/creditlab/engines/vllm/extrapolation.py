@@ -117,8 +117,10 @@ def selective_decode(
     if bar is not None:
         bar.close()
     per_flag = counts.T.tolist()
-    return (Generation(prompts, responses, finished),
-            {"n_tokens": [len(r) for r in responses], **dict(zip(FLAG_NAMES, per_flag))})  # fmt: skip
+    return (
+        Generation(prompts, responses, finished),
+        {"n_tokens": [len(r) for r in responses], **dict(zip(FLAG_NAMES, per_flag))},
+    )
 
 
 E = TypeVar("E")
@@ -162,5 +164,13 @@ class VllmSelectiveGenerateFn(SelectiveEngines[VllmEngine]):
         primary, secondary = decoding_pair(self.options, self.base, self.rl)
         p_lora, s_lora = decoding_pair(self.options, self.base_lora, self.rl_lora)
         rule = make_rule(**self.options, params=params)
-        return selective_decode(primary, secondary, prompt_ids, rule, primary_lora=p_lora, secondary_lora=s_lora,
-                                batch_size=batch_size, progress=progress)  # fmt: skip
+        return selective_decode(
+            primary,
+            secondary,
+            prompt_ids,
+            rule,
+            primary_lora=p_lora,
+            secondary_lora=s_lora,
+            batch_size=batch_size,
+            progress=progress,
+        )

@@ -85,21 +85,39 @@ class Worker:
             from creditlab.lm.sampler import SamplingParams
 
             gen = self.engine(call["engine"]).generate(
-                call["prompt_ids"], SamplingParams(**call["params"]), n=int(call.get("n", 1)), lora=call.get("lora"),
-                logprobs=bool(call.get("logprobs", True)), batch_size=call.get("batch_size"))  # fmt: skip
-            return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
-                    "logprobs": gen.logprobs}  # fmt: skip
+                call["prompt_ids"],
+                SamplingParams(**call["params"]),
+                n=int(call.get("n", 1)),
+                lora=call.get("lora"),
+                logprobs=bool(call.get("logprobs", True)),
+                batch_size=call.get("batch_size"),
+            )
+            return {
+                "prompt_ids": gen.prompt_ids,
+                "response_ids": gen.response_ids,
+                "finished": gen.finished,
+                "logprobs": gen.logprobs,
+            }
         if op == "prompt_logprobs":
             return {"logprobs": self.engine(call["engine"]).prompt_logprobs(call["prompt_ids"], lora=call.get("lora"))}
         if op == "selective":
             from creditlab.engines.vllm.extrapolation import VllmSelectiveGenerateFn
             from creditlab.lm.sampler import SamplingParams
 
-            fn = VllmSelectiveGenerateFn(self.engine(call["base"]), self.engine(call["rl"]), dict(call["options"]),
-                                         base_lora=call.get("base_lora"), rl_lora=call.get("rl_lora"))  # fmt: skip
+            fn = VllmSelectiveGenerateFn(
+                self.engine(call["base"]),
+                self.engine(call["rl"]),
+                dict(call["options"]),
+                base_lora=call.get("base_lora"),
+                rl_lora=call.get("rl_lora"),
+            )
             gen, stats = fn(call["prompt_ids"], SamplingParams(**call["params"]), batch_size=call.get("batch_size"))
-            return {"prompt_ids": gen.prompt_ids, "response_ids": gen.response_ids, "finished": gen.finished,
-                    "stats": stats}  # fmt: skip
+            return {
+                "prompt_ids": gen.prompt_ids,
+                "response_ids": gen.response_ids,
+                "finished": gen.finished,
+                "stats": stats,
+            }
         raise ValueError(f"unknown op {op!r}; valid: engines, info, generate, prompt_logprobs, selective")
 
 
