@@ -515,7 +515,7 @@ class CPURolloutServer:
             self._requests[slot] = k + 1
         params = SamplingParams(
             max_new_tokens=max_new,
-            eos_id=self.eos_ids[0],
+            eos_id=tuple(self.eos_ids),  # stops at the first of them, included
             greedy=greedy,
             temperature=1.0 if greedy else temperature,
             top_p=float(sampling_params.get("top_p", 1.0)),
@@ -524,9 +524,6 @@ class CPURolloutServer:
         )
         gen = generate(self.model, [list(prompt_ids)], params)
         resp = list(gen.response_ids[0])
-        cut = next((i for i, t in enumerate(resp) if t in self.eos_ids), None)
-        if cut is not None:
-            resp = resp[: cut + 1]
         ids = torch.tensor([list(prompt_ids) + resp])
         logits = self.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
         logp = torch.log_softmax(logits / (1.0 if greedy else temperature), -1)
