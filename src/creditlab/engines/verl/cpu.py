@@ -562,19 +562,12 @@ class CPURolloutServer:
 
 
 def _stop_ids(model_path: str) -> list[int]:
-    """The stop token ids of a checkpoint: the tokenizer's EOS and generation_config.json's eos_token_id."""
-    import json
-
+    """The stop token ids of a checkpoint (:func:`creditlab.eval.evaluate.stop_token_ids`, as the evaluator)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    ids = [tok.eos_token_id]
-    gen = os.path.join(model_path, "generation_config.json")
-    if os.path.isfile(gen):
-        with open(gen) as f:
-            e = json.load(f).get("eos_token_id")
-        ids += e if isinstance(e, list) else [e] if e is not None else []
-    return list(dict.fromkeys(int(i) for i in ids if i is not None))
+    from creditlab.eval.evaluate import stop_token_ids
+
+    return stop_token_ids(AutoTokenizer.from_pretrained(model_path), model_path)
 
 
 def _replica_class() -> type:
