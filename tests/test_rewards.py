@@ -353,3 +353,79 @@ def test_persisted_cache_takes_lone_surrogates(tmp_path: Path) -> None:
     with RewardScorer("dapo_answer", cache_path=path) as s:
         assert s.score(["Answer: \\ud800", "Answer: \ud800"], ["\ud800", "\ud800"]) == [-1.0, 1.0]
         assert (s.stats["n_judged"], s.stats["n_cache_hits"]) == (1, 1)
+
+
+def test_memory_cache_bound_empties_the_cache() -> None:
+    with RewardScorer("dapo_answer", timeout_s=5.0, max_cached=2) as s:
+        first = ["Answer: 1", "Answer: 2"]
+        assert s.score(first, ["1", "1"]) == [1.0, -1.0]
+        assert s.score(first, ["1", "1"]) == [1.0, -1.0]
+        assert s.stats["n_judged"] == 2  # both cached
+        assert s.score(["Answer: 3"], ["1"]) == [-1.0]  # 3 pairs > 2: the cache was emptied first
+        assert s.score(first, ["1", "1"]) == [1.0, -1.0]
+        assert s.stats["n_judged"] == 5
+
+
+# ---------------------------------------------------------------------------- threads and the reward service
+
+
+def _on_threads(fn, args: list[tuple]) -> list[object]:
+    """``fn(*a)`` for every ``a`` on its own thread, all at once; an exception is returned as its value."""
+    out: list[object] = [None] * len(args)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(*args[i])
+        except Exception as err:  # noqa: BLE001 - reported by the caller's assertion
+            out[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_math_verify_score_is_correct_off_the_main_thread() -> None:
+    """Issue 28: math-verify's signal.alarm timeout raised ValueError on any thread but the main one."""
+    pairs = [("so \\boxed{2}", "2"), ("so \\boxed{3}", "2"), ("\\boxed{\\frac{1}{2}}", "0.5")]
+    assert _on_threads(math_verify_score, pairs) == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.timeout(300)
+def test_reward_service_scores_concurrent_callers_and_times_out_a_hostile_answer() -> None:
+    from creditlab.rewards import RewardService
+
+    service = RewardService("math_verify", timeout_s=2.0, n_workers=1)
+    try:
+        pairs = [("\\boxed{61}", "61"), (PATHOLOGICAL, "61"), ("\\boxed{62}", "61"), ("\\boxed{0.5}", "\\frac{1}{2}")]
+        pairs += [("no box", "61"), ("\\boxed{61}", "61")]
+        got = _on_threads(service.score_one, pairs)  # bounded by the scorer's hard kill (and this pytest timeout)
+        assert got == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+        assert service.stats["n_timeouts"] == 1
+        assert service.score([], []) == []
+        with pytest.raises(ValueError):
+            service.score(["a"], [])
+        assert service.score(["\\boxed{7}", PATHOLOGICAL], ["7", "61"]) == [1.0, 0.0]  # a fresh worker; cached
+    finally:
+        service.close()
+    service.close()  # idempotent
+    assert service.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        service.score_one("\\boxed{1}", "1")
+
+
+@pytest.mark.timeout(300)
+def test_reward_service_is_one_per_process_and_key() -> None:
+    from creditlab.rewards import reward_service
+    from creditlab.rewards.service import close_services
+
+    first = reward_service("dapo_answer", timeout_s=3.0, n_workers=1)
+    assert reward_service("dapo_answer", timeout_s=3.0, n_workers=1) is first
+    assert _on_threads(first.score_one, [("Answer: 5", "5"), ("Answer: 4", "5")]) == [1.0, -1.0]  # DAPO's values
+    close_services()
+    assert first.closed
+    second = reward_service("dapo_answer", timeout_s=3.0, n_workers=1)
+    assert second is not first and second.score_one("Answer: 5", "5") == 1.0
+    close_services()

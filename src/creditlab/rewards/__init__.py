@@ -1,5 +1,5 @@
-"""Verifiable rewards: math-verify / DAPO answer checks, multiple choice, code execution, and a hang-proof
-cached batch scorer.
+"""Verifiable rewards: math-verify / DAPO answer checks, multiple choice, code execution, a hang-proof
+cached batch scorer, and a thread-safe service around it.
 
 Registration is here, on purpose: this ``__init__`` imports every reward module, each of which registers its
 reward (score function and extract/judge split) in :mod:`creditlab.rewards.registry`: ``math_verify`` and
@@ -20,10 +20,12 @@ from creditlab.rewards.math_verify_reward import (
 )
 from creditlab.rewards.registry import REWARD_SPECS, RewardSpec, get_reward_spec
 from creditlab.rewards.scorer import RewardScorer
+from creditlab.rewards.service import RewardService, reward_service
 
 __all__ = [
     "REWARD_SPECS",
     "RewardScorer",
+    "RewardService",
     "RewardSpec",
     "dapo_answer_score",
     "extract_dapo_answer",
@@ -31,4 +33,5 @@ __all__ = [
     "get_reward_spec",
     "math_verify_score",
     "normalize_dapo_answer",
+    "reward_service",
 ]

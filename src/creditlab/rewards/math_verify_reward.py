@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from importlib.metadata import PackageNotFoundError, version
 
 from creditlab.rewards.math_exact import exact_numbers, rewrite_scientific
@@ -217,14 +218,17 @@ def judge_dapo(answer: str, gold: str) -> float:
 def math_verify_score(response: str, gold: str) -> float:
     """Binary math-verify reward of a response: 1.0 if its last ``\\boxed{}`` equals ``gold``, else 0.0.
 
-    No boxed answer (or an unbalanced one) scores 0.0. In-process call with math-verify's own 5 s
-    ``signal.alarm`` timeout (main thread only, best effort); for untrusted model outputs use
-    :class:`~creditlab.rewards.scorer.RewardScorer`, which cannot hang.
+    No boxed answer (or an unbalanced one) scores 0.0. An in-process call: on the main thread with math-verify's
+    own 5 s ``signal.alarm`` timeout (best effort: it cannot interrupt C-level arithmetic), on any other thread
+    without one (``signal.alarm`` works on the main thread only; math-verify raises ``ValueError`` there). So it
+    is correct on every thread but hang-proof on none: for untrusted model outputs use
+    :class:`~creditlab.rewards.scorer.RewardScorer`, or from any thread :mod:`creditlab.rewards.service`.
     """
     answer = extract_last_boxed(response)
     if answer is None:
         return MATH_VERIFY_WRONG
-    return judge_math_verify(answer, gold, internal_timeout=5)
+    on_main = threading.current_thread() is threading.main_thread()
+    return judge_math_verify(answer, gold, internal_timeout=5 if on_main else None)
 
 
 @register("dapo_answer")

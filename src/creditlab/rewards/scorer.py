@@ -219,6 +219,9 @@ class RewardScorer:
             With ``cache=False`` every sample with an answer is judged.
         cache_path: optional SQLite file persisting the cache across runs (only with ``cache``).
         start_method: ``"spawn"`` (default), ``"forkserver"`` or ``"fork"`` (see module docstring).
+        max_cached: bound of the memory cache: a batch whose verdicts would take it past ``max_cached`` pairs
+            empties it first (for a scorer that lives as long as a training run, :mod:`creditlab.rewards.service`).
+            None (default): unbounded.
 
     Not thread-safe: call :meth:`score` from one thread at a time.
     """
@@ -231,6 +234,7 @@ class RewardScorer:
         cache: bool = True,
         cache_path: str | Path | None = None,
         start_method: str = "spawn",
+        max_cached: int | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -243,6 +247,7 @@ class RewardScorer:
         self.cache = cache
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self.start_method = start_method
+        self.max_cached = max_cached
         self._ctx = mp.get_context(start_method)
         self._workers: list[_Worker] = []
         self._memory: dict[tuple[str, str], float] = {}
@@ -367,6 +372,8 @@ class RewardScorer:
         """Cache judged pairs: all in memory, only real verdicts (not timeouts/crashes) on disk."""
         if not self.cache:
             return
+        if self.max_cached is not None and len(self._memory) + len(results) > self.max_cached:
+            self._memory.clear()
         durable = []
         for task_id, (score, durable_ok) in results.items():
             self._memory[tasks[task_id]] = score

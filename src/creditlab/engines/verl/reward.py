@@ -17,9 +17,22 @@ both engines and the evaluator):
 * ``code`` (LiveCodeBench, the tiny code task) -> the code-execution verifier of
   :mod:`creditlab.rewards.code.reward` (imported lazily, on the first code sample), given the tests JSON of
   the record's ``answer`` and ``func_name`` / ``starter_code`` from ``extra_info``;
-* ``math`` -> :func:`creditlab.rewards.math_verify_reward.math_verify_score` (the papers' reward; verl's
-  own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources);
+* ``math`` -> reward ``math_verify`` (:func:`creditlab.rewards.math_verify_reward.math_verify_score`, the papers'
+  reward; verl's own ``math_dapo`` scorer is not used even for ``math_dapo``-named sources), judged by this
+  process's :func:`creditlab.rewards.service.reward_service` (:func:`math_service`);
 * anything else raises ``NotImplementedError``, as verl's default does.
+
+Threads and hangs: verl 0.9.1's reward-loop managers call this function on worker threads
+(``loop.run_in_executor``: ``verl/experimental/reward_loop/reward_manager/dapo.py`` l. 84-93, ``naive.py``
+l. 75-84), in each ``RewardLoopWorker`` process (``reward_loop.py`` l. 138-155). So no verifier here may rely on
+``signal.alarm`` (math-verify's own timeout: a ``ValueError`` off the main thread) and none may hang a training
+step. Math answers are judged by the process-wide reward service, on every thread alike: worker processes owned by
+one daemon thread, a hard per-sample timeout of the run config's ``trainer.reward_timeout_s`` (read through
+:func:`creditlab.engines.verl.plugin.run_config`, i.e. ``$CREDITLAB_RUN_CONFIG``; without one,
+:data:`creditlab.rewards.service.DEFAULT_TIMEOUT_S`), after which the worker is killed and the answer scores 0.0
+(``\\boxed{9^{9^{9^9}}}`` included). Multiple choice is pure string work, linear in the response, and runs
+in-process on the calling thread; code runs in its own sandbox (:mod:`creditlab.rewards.code.sandbox`) with its own
+wall-clock limits, also from any thread (that verifier runs solutions on worker threads itself).
 
 ``extra_info`` is the verl parquet column of that name; we read ``n_options``, ``func_name`` and
 ``starter_code`` either at its top level or inside ``meta`` (a dict, or the JSON string our parquet
@@ -33,12 +46,27 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from creditlab.rewards.math_verify_reward import math_verify_score
 from creditlab.rewards.multiple_choice import multiple_choice_score
 from creditlab.rewards.routing import data_source_kind  # noqa: F401 - the one routing, re-exported for verl
+from creditlab.rewards.service import DEFAULT_TIMEOUT_S, RewardService, reward_service
 
 GPQA_N_OPTIONS = 4
 MMLU_PRO_N_OPTIONS = 10
+MATH_REWARD = "math_verify"
+"""The registered reward of every math data source under verl (the papers')."""
+
+
+def reward_timeout_s() -> float:
+    """``trainer.reward_timeout_s`` of the run config (``$CREDITLAB_RUN_CONFIG``), else :data:`DEFAULT_TIMEOUT_S`."""
+    from creditlab.engines.verl.plugin import run_config  # noqa: PLC0415 - torch and verl: only when scoring
+
+    value = ((run_config() or {}).get("trainer") or {}).get("reward_timeout_s")
+    return DEFAULT_TIMEOUT_S if value is None else float(value)
+
+
+def math_service() -> RewardService:
+    """The reward service that judges math answers in this process (started on first use)."""
+    return reward_service(MATH_REWARD, timeout_s=reward_timeout_s())
 
 
 def _info(extra_info: Mapping[str, Any] | None, key: str) -> Any:
@@ -111,4 +139,4 @@ def compute_score(
         return float(multiple_choice_score(solution_str, str(ground_truth), n_options=int(n_options)))
     if kind == "code":
         return _score_code(solution_str, ground_truth, extra_info)
-    return float(math_verify_score(solution_str, str(ground_truth)))
+    return math_service().score_one(solution_str, str(ground_truth))
