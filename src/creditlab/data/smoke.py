@@ -106,3 +106,15 @@ def data_texts(data_dir: str | Path) -> list[str]:
     for path in sorted(Path(data_dir).rglob("*.parquet")):
         walk(pq.read_table(path).to_pylist())
     return out
+
+
+def training_questions(data_dir: str | Path) -> list[tuple[list[dict[str, str]], str, int]]:
+    """(chat messages, gold answer, row index in its file) of every row of every prepared verl training file under
+    ``data_dir``: what a smoke stand-in is taught to answer (creditlab.models.standin.write_standin)."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for path in sorted(Path(data_dir).glob("verl/*/train.parquet")):
+        for i, row in enumerate(pq.read_table(path).to_pylist()):
+            out.append(([dict(m) for m in row["prompt"]], str(row["reward_model"]["ground_truth"]), i))
+    return out

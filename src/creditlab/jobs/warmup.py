@@ -11,12 +11,12 @@ import huggingface_hub
 from creditlab import paths
 from creditlab.data.io import read_records
 from creditlab.data.prepare import warmup_records
-from creditlab.data.smoke import data_texts
+from creditlab.data.smoke import data_texts, training_questions
 from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.sft import warmup as sft
 from creditlab.jobs.common import load_tokenizer, setup, write_json
 from creditlab.jobs.evaluate import evaluate_suites
-from creditlab.models.standin import write_standin
+from creditlab.models.standin import TAUGHT, write_standin
 from creditlab.models.tiny import build_model, n_params
 from creditlab.plan import compose
 from creditlab.tracking.mlflow_tracker import Tracker
@@ -77,20 +77,23 @@ def sft_warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *,
 
 
 def write_standin_model(results: str | Path, scale: str, backbone: str, seed: int = 0) -> None:
-    """Scale smoke: the base model of a paper backbone is a random-init stand-in of its architecture class, written
-    as a hub snapshot in the base model's directory (creditlab.models.standin; its tokenizer covers the prepared
-    data), and DONE records it as `warmup` records a fetched snapshot at paper scale."""
+    """Scale smoke: the base model of a paper backbone is a stand-in of its architecture class taught to answer the
+    prepared training questions right with a set probability each (creditlab.models.standin; its tokenizer covers the
+    prepared data), written as a hub snapshot in the base model's directory; DONE records it as `warmup` records a
+    fetched snapshot at paper scale, with what the stand-in learnt (`answers`: per question the exact probability of
+    the right and the wrong answer)."""
     cfg = compose(scale, backbone, seed=seed)
     m = cfg["model"]
     out = paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)
     data_dir = paths.fmt(paths.DATA_DIR, results=results, scale=scale)
     t0 = time.perf_counter()
-    write_standin(m["arch"]["family"], data_texts(data_dir), out, seed=seed)
+    write_standin(m["arch"]["family"], data_texts(data_dir), out, seed=seed, questions=training_questions(data_dir))
     done = {
         "hf_id": m["hf_id"],
         "standin": True,
         "family": m["arch"]["family"],
         "path": str(out.resolve()),
+        "answers": json.loads((out / TAUGHT).read_text()) if (out / TAUGHT).is_file() else [],
         "seconds": time.perf_counter() - t0,
         "commit": git_commit(),
     }

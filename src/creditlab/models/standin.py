@@ -1,9 +1,13 @@
-"""Stand-in checkpoints of the paper backbones for scale ``smoke``: random-init, real architecture class, tiny.
+"""Stand-in checkpoints of the paper backbones for scale ``smoke``: real architecture class, tiny, taught to answer.
 
 A stand-in is written as a hub snapshot directory (``config.json``, ``model.safetensors``, tokenizer files with the
 backbone's chat template, ``generation_config.json`` with its stop tokens), so that everything downstream (verl's
-FSDP engine and model merger, the CPU rollout, vLLM) loads it as it would load the real snapshot. It proves that
-the paper-scale code paths execute; its numbers mean nothing (a random model answers at chance).
+FSDP engine and model merger, the CPU rollout, vLLM) loads it as it would load the real snapshot. A random-init
+stand-in never writes an answer, so the paths that act on one (the verifier in verl's reward loop, dynamic sampling
+by accuracy) would never run; :func:`teach_answers` first teaches it, by a short SFT, to answer the training questions
+in the papers' format (``\\boxed{...}`` and the chat turn's stop token) right with a set probability per question
+(:data:`ANSWER_P_RIGHT`), so that its rollouts hold right and wrong answers for a known reason. Its numbers still mean
+nothing about the papers.
 
 Architecture classes by the backbone's ``arch.family`` (``config.json`` ``model_type`` of the real checkpoint):
 ``qwen3`` -> Qwen3ForCausalLM, ``qwen2`` (Qwen2.5) -> Qwen2ForCausalLM, ``olmo3`` -> Olmo3ForCausalLM,
@@ -168,11 +172,108 @@ def calibrate_stop(
     return lo
 
 
-def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int = 0) -> Path:
-    """Write a random-init stand-in of an ``arch.family`` backbone as a hub snapshot directory ``out``.
+ANSWER_P_RIGHT = (0.5, 1.0, 0.5, 0.0)
+"""The probability that the taught stand-in answers training question ``i`` right is ``ANSWER_P_RIGHT[i % 4]``, ``i``
+its row index in its training file: most questions are a coin flip (a group of 4 rollouts is mixed 7 times in 8, and
+any 2 questions of a file include one), some always right or always wrong (their groups tie: dynamic sampling drops
+them by ``acc``)."""
+TAUGHT = "standin_answers.json"
+"""File of a taught stand-in's snapshot: per training question, the target and the exact probabilities it learnt."""
+
+
+def answer_targets(gold: str, p_right: float) -> list[tuple[str, float]]:
+    """The SFT responses of a question with answer ``gold`` taught to be right with probability ``p_right``, each with
+    its weight: ``\\boxed{gold}`` (weight ``p_right``) and ``\\boxed{gold1}`` (the same answer with a digit appended:
+    wrong for every verifier, and sharing the right one's prefix, so the choice sits on one token; weight
+    ``1 - p_right``); a target of weight 0 is left out."""
+    both = [(f"\\boxed{{{gold}}}", float(p_right)), (f"\\boxed{{{gold}1}}", 1.0 - float(p_right))]
+    return [(text, w) for text, w in both if w > 0]
+
+
+TEACH_STEPS, TEACH_LR = 80, 5e-3
+"""Full-batch AdamW steps and learning rate of :func:`teach_answers` (the learnt probabilities land within ~0.1 of
+their targets: recorded in the snapshot's :data:`TAUGHT` and the base model's DONE)."""
+
+
+def chat_prompt(tok, messages: list[dict[str, str]]) -> str:
+    """A prompt as verl and the evaluator render it: the chat template with the generation prompt."""
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def teach_answers(
+    model,
+    tok,
+    examples: list[tuple[list[dict[str, str]], str, float]],
+    steps: int = TEACH_STEPS,
+    lr: float = TEACH_LR,
+    seed: int = 0,
+) -> list[float]:
+    """Full-batch SFT of ``model`` on (chat messages, response, weight) triples: the weighted cross-entropy of each
+    response followed by the chat turn's stop token (:data:`STOP`), prompt tokens masked, AdamW; returns the loss per
+    step. With the targets of :func:`answer_targets` the model learns each question's answer distribution (read back
+    exactly by :func:`answer_probabilities`)."""
+    stop = tok.convert_tokens_to_ids(STOP)
+    rows, masks = [], []
+    weights = torch.tensor([w for _, _, w in examples])
+    for messages, response, _ in examples:
+        p = tok.encode(chat_prompt(tok, messages), add_special_tokens=False)
+        r = tok.encode(response, add_special_tokens=False) + [stop]
+        rows.append(p + r)
+        masks.append([0] * len(p) + [1] * len(r))
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    target_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, mask) in enumerate(zip(rows, masks)):
+        ids[i, -len(row) :] = torch.tensor(row)  # left-padded, as the prompts of a rollout batch
+        target_mask[i, -len(row) :] = torch.tensor(mask, dtype=torch.bool)
+        attn[i, -len(row) :] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = ((nll * target_mask[:, 1:]).sum(-1) * weights).sum() / weights.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def answer_probabilities(model, tok, messages: list[dict[str, str]], responses: list[str]) -> list[float]:
+    """Exact probability of each response (then the stop token) after the chat-rendered prompt: sum over its tokens of
+    log p, exponentiated. No sampling noise: what the taught stand-in's rollouts draw from."""
+    stop = tok.convert_tokens_to_ids(STOP)
+    prompt = tok.encode(chat_prompt(tok, messages), add_special_tokens=False)
+    out = []
+    for response in responses:
+        r = tok.encode(response, add_special_tokens=False) + [stop]
+        ids = torch.tensor([prompt + r])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+        out.append(float(logp.gather(-1, torch.tensor(r)[:, None]).sum().exp()))
+    return out
+
+
+def write_standin(
+    family: str,
+    texts: Iterable[str],
+    out: str | Path,
+    seed: int = 0,
+    questions: Iterable[tuple[list[dict[str, str]], str, int]] = (),
+) -> Path:
+    """Write a stand-in of an ``arch.family`` backbone as a hub snapshot directory ``out``: random-init, then taught to
+    answer ``questions`` ((chat messages, gold answer, row index in its file) triples: right with probability
+    ``ANSWER_P_RIGHT[index % 4]``; none: left random).
 
     texts: what the run will tokenize (prompts and answers): the reloaded tokenizer must encode them as the one written
-    (:func:`check_reload`). Returns ``out``.
+    (:func:`check_reload`). Returns ``out``; with questions, ``out/{TAUGHT}`` records per question its target and the
+    taught model's exact probability of the right and of the wrong answer (:func:`answer_probabilities`).
     """
     config_cls, model_cls = _classes(family)
     texts = list(texts)
@@ -197,6 +298,27 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(3.0)  # a peakier random policy
     calibrate_stop(model, tok, texts, [tok.eos_token_id, stop])
+    questions = list(questions)
+    taught: list[dict[str, Any]] = []
+    if questions:
+        p_right = [ANSWER_P_RIGHT[i % len(ANSWER_P_RIGHT)] for _, _, i in questions]
+        examples = [
+            (messages, text, w)
+            for (messages, gold, _), p in zip(questions, p_right)
+            for text, w in answer_targets(gold, p)
+        ]
+        losses = teach_answers(model, tok, examples, seed=seed)
+        for (messages, gold, _), p in zip(questions, p_right):
+            right, wrong = answer_probabilities(model, tok, messages, [text for text, _ in answer_targets(gold, 0.5)])
+            taught.append(
+                {
+                    "gold": gold,
+                    "p_right_target": p,
+                    "p_right": right,
+                    "p_wrong": wrong,
+                    "final_loss": losses[-1],
+                }
+            )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -211,4 +333,6 @@ def write_standin(family: str, texts: Iterable[str], out: str | Path, seed: int 
         )
     )
     check_reload(tok, out, texts)
+    if taught:
+        (out / TAUGHT).write_text(json.dumps(taught, indent=1))
     return out
