@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 ROOT := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
 SNAKEMAKE_RUN = $(BIN)/python $(ROOT)tools/snakemake_run.py $(BIN)/snakemake
 
-.PHONY: install sysdeps run headtohead smoke test test-fast lint dag report mlflow-ui bench clean-results
+.PHONY: install sysdeps run headtohead smoke test test-fast lint dag report mlflow-ui bench clean-results gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -83,6 +83,15 @@ bench: install
 	$(BIN)/python benchmarks/bench_delta_overhead.py
 	$(BIN)/python benchmarks/bench_arca_overhead.py
 	$(BIN)/python benchmarks/bench_code_exec.py
+
+# GPU acceptance check (docs/cluster.md "The GPU acceptance check"): every registered method in bf16 against CPU
+# float64, the local engine (SFT, sampler, RL steps of every method config) in bf16, the verl plug-in without verl/Ray;
+# a few minutes on one GPU. GPU_PY: a python with CUDA torch, transformers and peft (not .venv: its torch is the CPU
+# build); nothing is installed. GPU_DEVICE=cpu is the dry run (tests/test_gpu_check.py runs it at --size small).
+GPU_PY ?= python3
+GPU_DEVICE ?= cuda
+gpu-check:
+	$(GPU_PY) tools/gpu_check --device $(GPU_DEVICE) --out results/gpu_check
 
 clean-results:
 	rm -rf results/tiny results/micro results/mlflow.db results/mlartifacts results/.mlflow_ready

@@ -249,6 +249,11 @@ class PreallocLayer(CacheLayerMixin):
     def get_max_cache_shape(self) -> int:
         return self.capacity
 
+    def get_max_length(self) -> int:
+        """The cache's capacity: abstract in transformers >= 5.17's ``CacheLayerMixin`` (the GPU image's 5.17 and
+        .venv-vllm's 5.19 refuse to instantiate a layer without it)."""
+        return self.capacity
+
 
 class PreallocCache(Cache):
     """A ``transformers`` cache of :class:`PreallocLayer` (one per decoder layer) that can drop rows."""
