@@ -207,6 +207,54 @@ def test_selective_decoding_of_a_trained_hub_run(hub_world, monkeypatch) -> None
     assert result["provenance"]["decode"]["name"] == "extrap"
 
 
+def test_lora_run_is_evaluated_with_its_adapter_or_refused(hub_world, monkeypatch) -> None:
+    """A paper-scale LoRA run (ARCA, Paper D) in `evaluate`: without an adapter the job refuses before a vLLM worker
+    starts (it would be the base model's evaluation); with one, the run's trainer.lora reaches the engines, which
+    serve the base snapshot + the adapter, and the provenance names both. (The worker is replaced by a recorder
+    here: serving base + adapter through vLLM, logits checked, is tests/test_lora_eval.py's.)"""
+    from contextlib import contextmanager
+
+    from creditlab.engines.local.lora import save_adapter, wrap_lora
+    from creditlab.lm.sampler import Generation
+
+    w = hub_world
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{w['results'] / 'mlflow.db'}")
+    run = w["plan"].get("qwen3-1.7b-base", "arca-r4", 1337)
+    cfg = _small(run_config(run))
+    lora = cfg["trainer"]["lora"]
+    assert lora["enable"] and (lora["rank"], lora["alpha"]) == (4, 8)
+    fill = dict(results=w["results"], scale="paper", backbone=run.backbone, run=run.run, seed=run.seed)
+    done = paths.fmt(paths.BASE_DONE, **fill)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps({"hf_id": "stand-in", "path": str(w["models"]["hub"][1])}))
+    run_dir = paths.fmt(paths.RUN_DIR, **fill)
+    (run_dir / "final").mkdir(parents=True, exist_ok=True)  # what verl's merger leaves without finish_merged
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    seen = []
+
+    @contextmanager
+    def recorder(eval_cfg, **kw):
+        seen.append(client.eval_engines(eval_cfg, **{k: v for k, v in kw.items() if k != "stderr"}))
+        eos = w["im_end"]
+        yield lambda ids, params, **loop: (
+            Generation([list(p) for p in ids], [[eos]] * len(ids), [True] * len(ids)),
+            {},
+        )
+
+    monkeypatch.setattr(client, "eval_generate_fn", recorder)
+    with pytest.raises(FileNotFoundError, match="refusing to evaluate it as its base model"):
+        evaluate_run(run, cfg, w["results"], suites=["aime25"], quiet=True)
+    assert not seen
+    peft_model = wrap_lora(copy.deepcopy(w["models"]["hub"][0]), dict(lora, target_modules=["q_proj"]), seed=0)
+    save_adapter(peft_model, run_dir / "adapter")
+    result = evaluate_run(run, cfg, w["results"], suites=["aime25"], quiet=True)
+    ((engines, decoder),) = seen
+    assert engines["model"]["model"] == str(w["models"]["hub"][1]) and engines["model"]["enable_lora"]
+    assert decoder["lora"] == str(run_dir / "adapter")
+    assert result["provenance"]["model"] == str(w["models"]["hub"][1])
+    assert result["provenance"]["adapter"] == str(run_dir / "adapter")
+
+
 def test_each_kind_is_judged_by_its_verifier(hub_world, tmp_path) -> None:
     """The evaluation path of `evaluate` with scripted responses: right answers of each kind score 1, wrong 0."""
     w = hub_world

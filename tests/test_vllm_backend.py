@@ -392,7 +392,7 @@ def test_eval_engines_and_missing_environment(tmp_path: Path, monkeypatch) -> No
     engines, dec = client.eval_engines(e, base_dir=base, run_dir=run, decode=decode)
     assert sorted(engines) == ["base", "rl"] and dec["rl"] == "rl" and dec["options"] == decode
     (run / "adapter").mkdir(parents=True)
-    (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 4}))
+    (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
     engines, dec = client.eval_engines(e, base_dir=base, run_dir=run)
     assert engines["model"] == {"dtype": "float32", "model": str(base), "enable_lora": True, "max_lora_rank": 4}
     assert dec["lora"] == str(run / "adapter")
@@ -405,3 +405,52 @@ def test_eval_engines_and_missing_environment(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setenv(client.PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
     with pytest.raises(FileNotFoundError, match="make vllm-env"):
         client.vllm_python()
+
+
+def test_vllm_python_prefers_this_environment_when_vllm_is_importable(tmp_path: Path, monkeypatch) -> None:
+    """Which python runs the worker: $CREDITLAB_VLLM_PYTHON when set; else this interpreter when vllm is importable
+    (the cluster environment: vLLM beside verl, no .venv-vllm); else .venv-vllm (CPU machines); else an error naming
+    both ways to get vLLM. (The real run from inside the vLLM environment: tests/test_lora_eval.py.)"""
+    import sys
+
+    venv = tmp_path / client.VLLM_VENV
+    monkeypatch.delenv(client.PYTHON_ENV, raising=False)
+    monkeypatch.setattr(client, "REPO_ROOT", tmp_path)  # a checkout without .venv-vllm
+    monkeypatch.setattr(client, "vllm_importable", lambda: True)
+    assert client.vllm_python() == Path(sys.executable)
+    monkeypatch.setattr(client, "vllm_importable", lambda: False)
+    with pytest.raises(FileNotFoundError) as err:
+        client.vllm_python()
+    assert "environment.yml" in str(err.value) and "make vllm-env" in str(err.value)
+    assert str(venv / "bin" / "python") in str(err.value) and client.PYTHON_ENV in str(err.value)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert client.vllm_python() == venv / "bin" / "python"
+    monkeypatch.setenv(client.PYTHON_ENV, str(tmp_path / "mine"))
+    (tmp_path / "mine").write_text("")
+    monkeypatch.setattr(client, "vllm_importable", lambda: True)
+    assert client.vllm_python() == tmp_path / "mine"  # the variable wins over this environment's vLLM
+
+
+def test_run_adapter_finds_and_checks_the_adapter(tmp_path: Path) -> None:
+    """run_adapter: the local engine's adapter/ first, else verl's merger's final/lora_adapter; a LoRA run without one
+    raises (never served as its base model), as does a no-op (lora_alpha 0) or mismatched adapter; a run without
+    LoRA gets None."""
+    lora = {"enable": True, "rank": 4, "alpha": 8}
+    run = tmp_path / "run"
+    assert client.run_adapter(run) is None  # unchecked: no adapter, no LoRA known
+    with pytest.raises(FileNotFoundError, match="base model"):
+        client.run_adapter(run, lora)
+    assert client.run_adapter(run, lora | {"enable": False}) is None
+    verl = run / "final" / "lora_adapter"
+    verl.mkdir(parents=True)
+    (verl / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 0}))
+    with pytest.raises(ValueError, match="no-op"):
+        client.run_adapter(run, lora)
+    (verl / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    assert client.run_adapter(run, lora) == verl
+    with pytest.raises(ValueError, match="rank / alpha"):
+        client.run_adapter(run, lora | {"rank": 8})
+    (run / "adapter").mkdir()
+    (run / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8.0}))
+    assert client.run_adapter(run, lora) == run / "adapter"

