@@ -40,6 +40,17 @@ class PlanError(ValueError):
     """A pipeline/paper config that cannot be planned (message names the key and the choices)."""
 
 
+class RunRefused(PlanError):
+    """A run whose config is valid but which the plan refuses to train at its scale: a backbone verl cannot train
+    right with the launcher's settings (`check_verl_model`). Not a config error: validation (`validate_runs`,
+    `build_plan`) collects it into `Plan.refused_runs` and leaves out what reads the run, instead of failing the plan;
+    `check_verl_run` called alone raises it."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: refused at plan time: {reason}")
+        self.key, self.reason = key, reason
+
+
 @dataclass
 class Run:
     """One training run (or ``run == "base"``: the untrained base model, evaluated only)."""
@@ -83,6 +94,11 @@ class Plan:
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
     skipped_analyses: dict[tuple[str, str], str] = field(default_factory=dict)
     """(paper, analysis) -> why it cannot run at this scale (`check_analyses`; filled when the plan is validated)."""
+    refused_runs: dict[str, str] = field(default_factory=dict)
+    """Run key -> why the plan refuses to train it at this scale (a `RunRefused` of `validate_runs`: a backbone verl
+    cannot train right); filled when the plan is validated. The run stays in `runs` (its config is valid), but no
+    target reads it: the tables that read it (`refused_tables`), the figures drawn from them or from it
+    (`refused_figures`) and the analyses of it or of those tables (`skipped_analyses`) are left out."""
 
     @property
     def backbones(self) -> list[str]:
@@ -90,15 +106,38 @@ class Plan:
 
     @property
     def tables(self) -> list[tuple[str, str]]:
-        """(paper, table) of every table built at this scale: buildable there (see `skipped_tables`) and chosen by the
-        pipeline's `tables` (`PaperSpec.built_at`)."""
-        return [(p, t) for p, spec in self.papers.items() for t in spec.built_at(self.scale)]
+        """(paper, table) of every table built at this scale: buildable there (see `skipped_tables`), reading no
+        refused run (see `refused_tables`) and chosen by the pipeline's `tables` (`PaperSpec.built_at`)."""
+        refused = self.refused_tables
+        return [(p, t) for p, spec in self.papers.items() for t in spec.built_at(self.scale) if (p, t) not in refused]
 
     @property
     def buildable_tables(self) -> list[tuple[str, str]]:
         """(paper, table) of every table buildable at this scale, chosen by the pipeline's `tables` or not (their runs
-        are planned and their evaluations cover their suites, so any of them can be built as a target)."""
+        are planned and their evaluations cover their suites, so any of them can be built as a target), but those
+        reading a refused run (`refused_tables`)."""
+        refused = self.refused_tables
+        return [(p, t) for p, spec in self.papers.items() for t in spec.tables_at(self.scale) if (p, t) not in refused]
+
+    @property
+    def tables_at_scale(self) -> list[tuple[str, str]]:
+        """(paper, table) of every table with a column at this scale, reading refused runs or not: what the config
+        checks (`check_table_inputs`) and the evaluations' suites (`eval_suites`) cover, neither depending on a
+        refusal."""
         return [(p, t) for p, spec in self.papers.items() for t in spec.tables_at(self.scale)]
+
+    @property
+    def refused_tables(self) -> dict[tuple[str, str], list[str]]:
+        """(paper, table) -> the refused runs (keys, `refused_runs`) it reads, for every table with a column at this
+        scale that reads one: not built, nor a target."""
+        if not self.refused_runs:
+            return {}
+        out: dict[tuple[str, str], list[str]] = {}
+        for p, t in self.tables_at_scale:
+            keys = list(dict.fromkeys(r.key for r in self.table_runs(p, t) if r.key in self.refused_runs))
+            if keys:
+                out[(p, t)] = keys
+        return out
 
     @property
     def skipped_tables(self) -> list[tuple[str, str]]:
@@ -107,8 +146,53 @@ class Plan:
 
     @property
     def figures(self) -> list[tuple[str, str]]:
-        """(paper, figure) of every figure drawable at this scale (its table and columns are shown)."""
-        return [(p, f) for p, spec in self.papers.items() for f in spec.figures_at(self.scale)]
+        """(paper, figure) of every figure drawable at this scale (its table and columns are shown), but those drawn
+        from a refused table or run (`refused_figures`)."""
+        refused = self.refused_figures
+        return [(p, f) for p, spec in self.papers.items() for f in spec.figures_at(self.scale) if (p, f) not in refused]
+
+    @property
+    def refused_figures(self) -> dict[tuple[str, str], str]:
+        """(paper, figure) -> why it is not drawn, for every figure drawable at this scale but drawn from a table
+        that reads a refused run (`refused_tables`) or from a refused run (a run-based figure: the paper's first
+        seed's run)."""
+        if not self.refused_runs:
+            return {}
+        tables, out = self.refused_tables, {}
+        for p, spec in self.papers.items():
+            for f in spec.figures_at(self.scale):
+                fig = spec.figures[f]
+                if fig.table is not None and (p, fig.table) in tables:
+                    out[(p, f)] = f"its table {p}/{fig.table} reads refused runs"
+                elif fig.run is not None:
+                    key = run_key(
+                        self.scale, spec.backbone_for(fig.backbone, self.scale), fig.run, self.paper_seeds(p)[0]
+                    )
+                    if key in self.refused_runs:
+                        out[(p, f)] = f"its run {key} is refused: {self.refused_runs[key]}"
+        return out
+
+    def notes(self) -> list[str]:
+        """What the plan leaves out at this scale and why, one line each (the DAG prints them, as does
+        ``python -m creditlab plan``): tables with no benchmark stand-in, tables reading refused runs (the run keys
+        and the reasons), figures drawn from those, refused analyses."""
+        out = []
+        if self.skipped_tables:
+            out.append(
+                f"tables with no benchmark stand-in at scale {self.scale!r}, not built: "
+                f"{', '.join(f'{p}/{t}' for p, t in self.skipped_tables)}"
+            )
+        for (p, t), keys in self.refused_tables.items():
+            by_reason: dict[str, list[str]] = {}
+            for key in keys:
+                by_reason.setdefault(self.refused_runs[key], []).append(key)
+            why = "; ".join(f"{', '.join(ks)}: {reason}" for reason, ks in by_reason.items())
+            out.append(f"table {p}/{t} reads runs refused at scale {self.scale!r}, not built: {why}")
+        for (p, f), why in self.refused_figures.items():
+            out.append(f"figure {p}/{f} refused at scale {self.scale!r}, not drawn: {why}")
+        for (p, a), why in self.skipped_analyses.items():
+            out.append(f"analysis {p}/{a} refused at scale {self.scale!r}, not built: {why}")
+        return out
 
     @property
     def analyses(self) -> list[tuple[str, str]]:
@@ -173,7 +257,7 @@ class Plan:
         return list(
             dict.fromkeys(
                 suite
-                for paper, table in self.buildable_tables
+                for paper, table in self.tables_at_scale
                 if any(r.key == run.key and d == decode for r, d in self.table_evals(paper, table))
                 for suite in self.table_suites(paper, table)
             )
@@ -259,7 +343,9 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
                 )
     plan = Plan(scale, seeds, papers, runs, decodes)
     if validate:
-        check_table_inputs(plan, validate_runs(plan.runs.values(), config_dir))
+        facts = validate_runs(plan.runs.values(), config_dir)
+        plan.refused_runs = {key: f["refused"] for key, f in facts.items() if f.get("refused")}
+        check_table_inputs(plan, facts)
         plan.skipped_analyses = check_analyses(plan, config_dir)
     return plan
 
@@ -341,6 +427,9 @@ def check_analyses(plan: Plan, config_dir: Path = CONFIG_DIR) -> dict[tuple[str,
         wanted.items(), key=lambda kv: plan.papers[kv[0][0]].analyses[kv[0][1]].kind == "fidelity_gains"
     ):
         an = plan.papers[p].analyses[a]
+        if run.key in plan.refused_runs:  # a refused run (`RunRefused`): never trained, so nothing to analyse
+            skipped[(p, a)] = f"{run.key}: run refused at plan time: {plan.refused_runs[run.key]}"
+            continue
         try:
             resolve_start(an.start, cfgs[run.key])
             reason = plan_refusal(an.kind, an.kwargs, cfgs[run.key], plan, p, a)
@@ -430,7 +519,9 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
     once per distinct group choice, each run's value overrides applied by Hydra's own routine), so that the whole
     DAG (70-110 runs) is checked in seconds before any job starts. Returns, per run key, ``suites``: its evaluation
     suites from its data config (``data.suites``: the tiny world's suites, or at paper scale the catalogue
-    configs/suites/paper.yaml; None where a data config has none) and ``eval_k``: its samples per question.
+    configs/suites/paper.yaml; None where a data config has none), ``eval_k``: its samples per question, and
+    ``refused``: why the plan refuses to train it (a `RunRefused`: a backbone verl cannot train right), else None.
+    A refusal does not stop the validation (`build_plan` leaves out what reads the run); every other check raises.
     """
     from creditlab.config_compose import CachedComposer
 
@@ -441,13 +532,18 @@ def validate_runs(runs: Iterable[Run], config_dir: Path = CONFIG_DIR) -> dict[st
                 composer, run_args(run.scale, run.backbone, _method_config(run), run.overrides, run.seed, config_dir)
             )
             check_ranges(cfg, run.key)
+            refused = None
             if run.method != BASE_RUN:
                 check_registered(cfg, run.key)
-                check_verl_run(cfg, run.key)
+                try:
+                    check_verl_run(cfg, run.key)
+                except RunRefused as e:
+                    refused = e.reason
             data_suites = (cfg.get("data") or {}).get("suites")
             facts[run.key] = {
                 "suites": list(data_suites) if data_suites is not None else None,
                 "eval_k": int((cfg.get("eval") or {}).get("k", 1)),
+                "refused": refused,
             }
     return facts
 
@@ -480,7 +576,8 @@ def check_ranges(cfg: dict[str, Any], key: str) -> None:
 def check_verl_run(cfg: dict[str, Any], key: str) -> None:
     """A verl-engine run (paper, smoke) is one the verl job would start: the launcher's preflight (batches over ranks,
     context lengths) and the plug-in's overrides (method x batching x parallelism combinations, credit inputs the
-    workers provide, RB with dynamic sampling) pass, else PlanError with the key and the reason."""
+    workers provide, RB with dynamic sampling) pass, else PlanError with the key and the reason; then its backbone is
+    one verl trains right (`check_verl_model`), else `RunRefused`."""
     if (cfg.get("trainer") or {}).get("engine", "local") != "verl":
         return
     from creditlab.engines.verl.launch import LaunchError, preflight
@@ -489,20 +586,51 @@ def check_verl_run(cfg: dict[str, Any], key: str) -> None:
     cfg = {**cfg, "run": {**(cfg.get("run") or {}), "key": key}}
     try:
         preflight(cfg)
-        plugin_overrides(cfg)
+        plugin = plugin_overrides(cfg)
     except (LaunchError, ValueError, KeyError) as e:
         raise PlanError(f"{key}: the verl engine would refuse this run at its first step: {e}") from None
+    check_verl_model(cfg, key, plugin)
+
+
+def check_verl_model(cfg: dict[str, Any], key: str, plugin: list[str] | None = None) -> None:
+    """A paper-scale verl run trains a backbone that verl 0.9.1 computes right with the launcher's settings:
+    `RunRefused` (a PlanError that validation collects into `Plan.refused_runs`) naming the run, the family and why
+    otherwise (`creditlab.engines.verl.sizing.linear_attention_refusal`: Qwen3-Next's Gated DeltaNet layers under
+    remove-padding or Ulysses, issue 28). The launcher's own values are read from the overrides it would pass (the
+    plug-in's win), so a launcher that changes them lifts the refusal. Smoke runs pass: they prove that the paper
+    path executes, and their numbers mean nothing."""
+    from creditlab.engines.verl.sizing import LINEAR_ATTENTION_FAMILIES, linear_attention_refusal
+
+    family = ((cfg.get("model") or {}).get("arch") or {}).get("family")
+    if cfg.get("scale") == "smoke" or family not in LINEAR_ATTENTION_FAMILIES:
+        return
+    from creditlab.engines.verl.launch import RunPaths, merge_overrides, override_key, verl_overrides
+
+    if plugin is None:
+        from creditlab.engines.verl.plugin import plugin_overrides
+
+        plugin = plugin_overrides(cfg)
+    run = cfg.get("run") or {}  # validate_runs composes without the run block: what verl_overrides reads of it
+    cfg = {**cfg, "run": {**run, "key": key, "experiment": run.get("experiment", key.split("/")[0])}}
+    args = merge_overrides(verl_overrides(cfg, RunPaths.of(cfg, "results"), mlflow=False), plugin)
+    given = {override_key(o): o.split("=", 1)[1] for o in args if "=" in o}
+    # absent: verl's default, true (workers/config/model.py:120)
+    remove_padding = given.get("actor_rollout_ref.model.use_remove_padding", "true").lower() == "true"
+    sp = int(given.get("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "1"))
+    reason = linear_attention_refusal(cfg, remove_padding=remove_padding, ulysses_sp=sp)
+    if reason:
+        raise RunRefused(key, reason)
 
 
 def check_table_inputs(plan: Plan, run_facts: dict[str, dict[str, Any]]) -> None:
     """Every suite a table reads (its benchmarks' stand-ins at this scale) is one its runs' data config prepares
     (``data.suites``; runs whose data config has none are not checked here), and every metric with a fixed sample
     count a table reads (``pass@4``) fits its runs' ``eval.k``: PlanError naming the paper, the table, the suite or
-    metric and the valid choices, before any job starts (every table buildable at the scale, chosen by `tables` or
-    not: each can be built as a target)."""
+    metric and the valid choices, before any job starts (every table with a column at the scale, chosen by `tables`
+    or not, refused runs or not: each can be built as a target, or once the refusal is lifted)."""
     import re
 
-    for paper, table in plan.buildable_tables:
+    for paper, table in plan.tables_at_scale:
         spec = plan.papers[paper]
         fixed = [
             (m, int(n.group(1)))

@@ -219,7 +219,11 @@ def evaluate_claim(
     column = table.column(claim.column)
     if paper.built is not None and claim.table not in paper.built:
         return ClaimResult(
-            claim, "—", NOT_TESTABLE, note=f"table {claim.table!r} is not built by this pipeline (config `tables`)"
+            claim,
+            "—",
+            NOT_TESTABLE,
+            note=f"table {claim.table!r} is not built by this pipeline (config `tables`, or its runs refused at plan "
+            "time: `snakemake -n` says which)",
         )
     shown = [c.name for c in paper.columns_at(claim.table, scale)] if claim.table in paper.tables_at(scale) else []
     sign = 1.0 if claim.direction == "higher" else -1.0
