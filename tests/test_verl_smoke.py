@@ -285,6 +285,42 @@ def test_arca_residual_grows_after_the_first_lora_update(smoke):
     assert m[1]["creditlab/arca_residual_mean"] > 0.0 and m[1]["creditlab/ref_kl"] != 0.0
 
 
+def test_arca_lora_run_is_evaluated_with_its_trained_adapter(smoke):
+    """The LoRA run's evaluation serves its adapter, not the base model: after verl's merger, the train job placed the
+    adapter in run_dir/adapter with the run's rank and alpha (verl writes alpha 0 without lora_train_meta.json), the
+    evaluator's engines are the base snapshot + that adapter, and the served model's logits (base + adapter through
+    peft, float32) differ from the base's on a training prompt; final/ holds the same trained model (the adapter
+    merged in, bf16)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from creditlab.engines.vllm.client import eval_engines
+
+    run_dir = paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "arca-r4"))
+    cfg = __import__("yaml").safe_load((run_dir / "config.yaml").read_text())
+    base_dir = Path(json.loads(paths.fmt(paths.RUN_DONE, **_fill(smoke, SMALL, "arca-r4")).read_text())["model_path"])
+    engines, decoder = eval_engines(cfg["eval"], base_dir=base_dir, run_dir=run_dir, lora=cfg["trainer"]["lora"])
+    assert decoder["lora"] == str(run_dir / "adapter") and {e["model"] for e in engines.values()} == {str(base_dir)}
+    conf = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert (conf["r"], conf["lora_alpha"]) == (cfg["trainer"]["lora"]["rank"], cfg["trainer"]["lora"]["alpha"])
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], tokenize=False, add_generation_prompt=True
+    )
+    ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
+        base_logits = base(input_ids=ids).logits
+        served = PeftModel.from_pretrained(base, run_dir / "adapter").eval()
+        served_logits = served(input_ids=ids).logits
+        final = AutoModelForCausalLM.from_pretrained(run_dir / "final", torch_dtype=torch.float32).eval()
+        final_logits = final(input_ids=ids).logits
+    gap = (served_logits - base_logits).abs().max().item()
+    assert gap > 0.0  # the trained adapter changes the model (B != 0 after step 1's update)
+    assert (final_logits - served_logits).abs().max().item() < max(0.05, gap)  # final/: the same model, in bf16
+
+
 def test_query_preserved_and_reward_balanced_batching_on_verl(smoke):
     """QB + RB (Paper C): the RB sampler buffers whole groups in TransferQueue over generation rounds and emits one
     batch per step; QB's order leaves no group split across the optimizer steps verl cut."""

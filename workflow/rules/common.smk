@@ -15,17 +15,11 @@ try:
     PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
 except (PlanError, ValueError) as err:
     raise WorkflowError(f"invalid pipeline/paper config: {err}")
-if PLAN.skipped_tables:
-    print(
-        f"creditlab: tables with no benchmark stand-in at scale {PLAN.scale!r}, not built: "
-        f"{', '.join(f'{p}/{t}' for p, t in PLAN.skipped_tables)}",
-        file=sys.stderr,
-    )
-for (_p, _a), _why in PLAN.skipped_analyses.items():
-    print(
-        f"creditlab: analysis {_p}/{_a} refused at scale {PLAN.scale!r}, not built: {_why}",
-        file=sys.stderr,
-    )
+# what the DAG leaves out and why (Plan.notes): tables with no benchmark stand-in; tables reading runs the plan refuses
+# (Plan.refused_runs: a backbone verl cannot train right), with the run keys and the reason, and the figures drawn
+# from them; refused analyses. No target depends on a refused run (targeting its outputs fails: _run_cfg).
+for _note in PLAN.notes():
+    print(f"creditlab: {_note}", file=sys.stderr)
 
 ENV = "../../environment.yml"  # conda env of all jobs; cluster users pass --use-conda
 RESULTS = config["results"]
@@ -60,7 +54,14 @@ def _run_cfgs():
 
 
 def _run_cfg(backbone, run, seed):
-    return _run_cfgs()[run_key(SCALE, backbone, run, int(seed))]
+    """A planned run's resolved config; WorkflowError naming the run and why for one the plan refuses
+    (Plan.refused_runs: no target reads it, so only a direct target of its outputs gets here) or does not plan."""
+    key = run_key(SCALE, backbone, run, int(seed))
+    if key in PLAN.refused_runs:
+        raise WorkflowError(f"run {key} is refused at plan time, not trained or evaluated: {PLAN.refused_runs[key]}")
+    if key not in PLAN.runs:
+        raise WorkflowError(f"run {key} is not in the plan of scale {SCALE!r} (no table, figure or analysis reads it)")
+    return _run_cfgs()[key]
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,22 +75,23 @@ def _train_size(backbone, run, seed):
     return int(v["nnodes"]), int(v["nnodes"]) * int(v["n_gpus_per_node"])
 
 
-def train_threads(wildcards):
-    """Cores of one training job: at smoke scale verl's ranks on this machine (model.verl sized by
-    creditlab.scales.smoke_job), so that --cores 2 runs one 2-rank job at a time; else 1.
-    """
-    if SCALE != "smoke":
-        return 1
-    v = _run_cfg(wildcards.backbone, wildcards.run, wildcards.seed)["model"]["verl"]
-    return int(v["nnodes"]) * int(v["n_gpus_per_node"])
-
-
 def train_nodes(wildcards):
     return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[0]
 
 
 def train_gpus(wildcards):
+    """GPUs of the whole job (sbatch --gpus, the executor plugin's `gpu`): nodes x GPUs per node."""
     return _train_size(wildcards.backbone, wildcards.run, wildcards.seed)[1]
+
+
+def train_step_gpus(wildcards):
+    """GPUs of the job's step (the jobstep plugin's `srun -n1 ... --gpus=<gpus>`): one node's, the first. The
+    plugin (0.6.1) runs a rule as one task, which cannot span nodes (srun then places it on one node), and reads
+    `gpus` before `gpu`: without this it asks one node for every GPU of the job and the step is refused. A
+    multi-node run reaches the other nodes with a step of its own (creditlab.engines.verl.ray_slurm).
+    """
+    nodes, gpus = _train_size(wildcards.backbone, wildcards.run, wildcards.seed)
+    return gpus // nodes
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,11 +28,15 @@ rule train:
         log_for("train/{backbone}/{run}/s{seed}"),
     conda:
         ENV
-    threads: train_threads  # smoke: the verl job's ranks (a Ray cluster each); else 1
+    # one core at every scale (paper: SLURM's cpus_per_task counts). A smoke job's 2 verl ranks idle most of its wall
+    # time (start-up, ~85 of ~95 s, is one process at a time; a serial smoke DAG used 106% of 2 cores in CI): --cores 2
+    # runs two smoke jobs at once, ~5.5 GB of memory each (measured)
+    threads: 1
     resources:
         mem_mb=3000,
         nodes=train_nodes,  # per run (model.verl at paper scale): the SLURM profile leaves these to the rule
-        gpu=train_gpus,
+        gpu=train_gpus,  # the job's GPUs (sbatch --gpus): nodes x GPUs per node
+        gpus=train_step_gpus,  # its job step's (srun --gpus of the jobstep plugin): the first node's
     params:
         cli=CLI,
     shell:

@@ -159,7 +159,10 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
 
 
 def slurm_cpus() -> int | None:
-    """CPUs Ray may use in this job: SLURM's allocation (verl: 'use a fixed number when using SLURM'), else None."""
+    """CPUs Ray may use on each node of this job: SLURM's allocation (verl: 'use a fixed number when using SLURM'),
+    else None. In the job step Snakemake's jobstep plugin starts (`srun -n1 --cpus-per-task=C`), SLURM_CPUS_PER_TASK
+    is C, the profile's cpus_per_task: the job's CPUs on every node (one task per node). The launcher gives it to
+    verl's ray.init on one node, to each node's `ray start` on several (launch.verl_command)."""
     for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])

@@ -339,8 +339,15 @@ def verl_overrides(
         o["actor_rollout_ref.model.lora_alpha"] = int(lora["alpha"])
         o["actor_rollout_ref.model.target_modules"] = list(lora["target_modules"])
         o["actor_rollout_ref.rollout.load_format"] = "safetensors"  # verl's LoRA: weights synced to vLLM as safetensors
-    if num_cpus is not None:
-        o["ray_kwargs.ray_init.num_cpus"] = int(num_cpus)
+    if int(v["nnodes"]) == 1:
+        # one node: verl's ray.init starts a Ray instance of its own. Without an address Ray would join RAY_ADDRESS or
+        # the last `ray start` recorded in /tmp/ray/ray_current_cluster (another job's, or a stale one on a shared
+        # node: ray/_private/services.py:413-465) and then refuse num_cpus; "local" always starts a fresh one.
+        # (Several nodes: the driver joins ray_slurm's cluster, and Ray refuses num_cpus from a driver that joins
+        # one; each node's `ray start` gets them instead, see verl_command.)
+        o["+ray_kwargs.ray_init.address"] = "local"
+        if num_cpus is not None:
+            o["ray_kwargs.ray_init.num_cpus"] = int(num_cpus)
     if cpu.device_of(run_cfg) == "cpu":  # scale smoke: verl's own loop on a CPU (engines/verl/cpu.py)
         o.update(cpu.cpu_overrides(run_cfg))
     return [f"{k}={hydra_value(val)}" for k, val in o.items()]
@@ -371,7 +378,10 @@ def verl_command(
     plugin_overrides: Callable[[Mapping[str, Any]], Iterable[str]] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) that train `run_cfg` with verl: ``python -m creditlab.engines.verl.main <overrides>``, wrapped in
-    ``python -m creditlab.engines.verl.ray_slurm --gpus-per-node G --`` when the run spans several nodes.
+    ``python -m creditlab.engines.verl.ray_slurm --gpus-per-node G [--num-cpus C] --`` when the run spans several
+    nodes. `num_cpus` (the job's CPUs per node: jobs.train.slurm_cpus) goes to verl's ``ray_kwargs.ray_init.num_cpus``
+    on one node, where verl's ``ray.init`` starts Ray; on several, to each node's ``ray start`` (ray_slurm), since
+    the driver's ``ray.init`` then joins ray_slurm's cluster (RAY_ADDRESS) and Ray refuses num_cpus/num_gpus there.
 
     `env` holds only the variables to set on top of the caller's environment: VERL_USE_EXTERNAL_MODULES (the
     plug-in), and with `mlflow_run_id` MLFLOW_RUN_ID / MLFLOW_TRACKING_URI (verl's MLflow logger then logs into that
@@ -383,7 +393,8 @@ def verl_command(
     argv = [python, "-m", VERL_MAIN, *merge_overrides(ours, fn(run_cfg))]
     v = run_cfg["model"]["verl"]
     if int(v["nnodes"]) > 1:  # a Ray cluster over the SLURM allocation's nodes first (the driver runs on the head)
-        argv = [python, "-m", RAY_SLURM, "--gpus-per-node", str(int(v["n_gpus_per_node"])), "--", *argv]
+        cpus = ["--num-cpus", str(int(num_cpus))] if num_cpus is not None else []
+        argv = [python, "-m", RAY_SLURM, "--gpus-per-node", str(int(v["n_gpus_per_node"])), *cpus, "--", *argv]
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
     if cpu.device_of(run_cfg) == "cpu":
         env.update(cpu.cpu_env())
@@ -433,18 +444,128 @@ def merge_env(run_cfg: Mapping[str, Any]) -> dict[str, str]:
 
 
 def finish_merged(target_dir: str | Path, run_cfg: Mapping[str, Any]) -> None:
-    """After the merger: a CPU run's final/config.json names creditlab's CPU attention (the training override); drop
-    it, so that every loader (vLLM, transformers) uses its own default, as for the hub snapshot."""
+    """After the merger: make ``target_dir`` (run_dir/final) the trained model, as every other run's final/ is.
+
+    * A CPU run's final/config.json names creditlab's CPU attention (the training override): dropped, so that every
+      loader (vLLM, transformers) uses its own default, as for the hub snapshot.
+    * A LoRA run (trainer.lora.enable): verl's merger writes the *base* weights to final/ and the adapter to
+      final/lora_adapter/ (:func:`place_verl_adapter`): the adapter, checked and its lora_alpha repaired, goes to
+      run_dir/adapter (where the evaluator and the local engine's runs have it) and is merged into final/'s weights.
+      A LoRA run whose merger wrote no adapter raises :class:`LaunchError` (final/ would be the base model)."""
+    target = Path(target_dir)
+    lora = dict(run_cfg["trainer"].get("lora") or {})
+    if lora.get("enable"):
+        place_verl_adapter(target, lora)
     if cpu.device_of(dict(run_cfg)) != "cpu":
         return
     import json
 
-    path = Path(target_dir) / "config.json"
+    path = target / "config.json"
     conf = json.loads(path.read_text())
     if conf.get("attn_implementation") == cpu.ATTN_IMPL or conf.get("_attn_implementation") == cpu.ATTN_IMPL:
         conf.pop("attn_implementation", None)
         conf.pop("_attn_implementation", None)
         path.write_text(json.dumps(conf, indent=2))
+
+
+VERL_ADAPTER_DIR = "lora_adapter"
+"""The adapter's directory inside the merger's target dir (verl 0.9.1 model_merger/base_model_merger.py:394)."""
+ADAPTER_PREFIX = "base_model.model."
+"""The peft prefix of the adapter's tensor names (``<prefix><module>.lora_A.weight``; the merger strips it from the
+base weights' names, base_model_merger.py:400-406)."""
+
+
+def place_verl_adapter(final_dir: str | Path, lora: Mapping[str, Any]) -> Path:
+    """A LoRA run's adapter from verl's merger (``final/lora_adapter``) -> ``run_dir/adapter``, merged into final/.
+
+    verl 0.9.1's merger (model_merger/base_model_merger.py ``save_lora_adapter``, 311-408) writes the adapter with
+    the rank and lora_alpha of the checkpoint's ``lora_train_meta.json`` (FSDPCheckpointManager writes it beside the
+    shards, utils/checkpoint/fsdp_checkpoint_manager.py:122-129, 417) and ``lora_alpha`` 0 without one (345, 367-372),
+    a no-op adapter. Here: rank must be ``lora.rank``; lora_alpha 0 becomes ``lora.alpha`` (the value verl trained
+    with: ``verl_overrides`` maps it to actor_rollout_ref.model.lora_alpha), any other value must equal it; then the
+    adapter moves to ``run_dir/adapter`` and W += (alpha / r) B A goes into final/'s safetensors
+    (:func:`merge_adapter_into`). Moved before merging: a second call finds no final/lora_adapter and raises instead
+    of merging twice (the train job re-runs the merger first). Returns ``run_dir/adapter``.
+    """
+    import json
+    import shutil
+
+    final = Path(final_dir)
+    src, dest = final / VERL_ADAPTER_DIR, final.parent / "adapter"
+    if not (src / "adapter_config.json").is_file():
+        raise LaunchError(
+            f"LoRA run (trainer.lora.enable): verl's model merger wrote no adapter {src}/adapter_config.json, so "
+            f"{final} holds the base weights only; re-run the merger on the run's last checkpoint (the train job does)"
+        )
+    conf = json.loads((src / "adapter_config.json").read_text())
+    rank, alpha = int(lora["rank"]), lora["alpha"]
+    if int(conf.get("r") or 0) != rank:
+        raise LaunchError(f"{src}: adapter rank r={conf.get('r')} but the run trained trainer.lora.rank={rank}")
+    if not conf.get("lora_alpha"):  # no lora_train_meta.json in the checkpoint: verl's merger wrote 0
+        conf["lora_alpha"] = int(alpha) if float(alpha).is_integer() else float(alpha)
+    elif float(conf["lora_alpha"]) != float(alpha):
+        raise LaunchError(
+            f"{src}: adapter lora_alpha={conf['lora_alpha']} but the run trained trainer.lora.alpha={alpha}"
+        )
+    conf["task_type"] = conf.get("task_type") or "CAUSAL_LM"
+    (src / "adapter_config.json").write_text(json.dumps(conf, indent=4))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(src, dest)
+    merge_adapter_into(final, dest)
+    return dest
+
+
+def merge_adapter_into(model_dir: str | Path, adapter_dir: str | Path) -> int:
+    """Merge a peft LoRA adapter into a saved model's safetensors, in place: W += (lora_alpha / r) B A per adapted
+    Linear (peft's merge), computed in float32 and stored in W's dtype; one shard in memory at a time. Returns the
+    number of weights changed; LaunchError when the adapter has tensors other than Linear LoRA A / B, uses DoRA or
+    rsLoRA (verl trains neither), or names a weight the model does not have."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model_dir, adapter_dir = Path(model_dir), Path(adapter_dir)
+    conf = json.loads((adapter_dir / "adapter_config.json").read_text())
+    if conf.get("use_dora") or conf.get("use_rslora"):
+        raise LaunchError(f"{adapter_dir}: DoRA / rsLoRA adapters are not merged here")
+    scale = float(conf["lora_alpha"]) / int(conf["r"])
+    tensors = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name in tensors:
+        module, dot, kind = name.removeprefix(ADAPTER_PREFIX).rpartition(".lora_")
+        if not dot or kind not in ("A.weight", "B.weight"):
+            raise LaunchError(f"{adapter_dir}: adapter tensor {name!r} is not a Linear layer's lora_A / lora_B")
+        if kind == "A.weight":
+            pairs[f"{module}.weight"] = (tensors[name], tensors[name.replace(".lora_A.", ".lora_B.")])
+    index = model_dir / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    )
+    done: set[str] = set()
+    for file in files:
+        path = model_dir / file
+        with safe_open(str(path), framework="pt") as f:
+            hits, metadata = [k for k in f.keys() if k in pairs], f.metadata()
+        if not hits:
+            continue
+        weights = load_file(str(path))
+        for key in hits:
+            a, b = pairs[key]
+            w = weights[key]
+            weights[key] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(weights, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+        done |= set(hits)
+    missing = sorted(set(pairs) - done)
+    if missing:
+        raise LaunchError(
+            f"{model_dir}: no weight {missing[:3]} for the adapter's LoRA layers ({len(missing)} missing)"
+        )
+    return len(done)
 
 
 def run_streaming(argv: list[str], env: Mapping[str, str], cwd: str | Path | None = None) -> int:

@@ -3,13 +3,24 @@
 verl's trainer is a Ray program: `main_ppo` calls `ray.init()`, which on one node starts a local Ray
 instance by itself. A job that spans several nodes needs the Ray cluster first:
 
-1. the batch script runs on the allocation's first node: that node is the Ray head
-   (`ray start --head --block`, a child process of this one);
-2. every other node runs one Ray worker, all in one `srun` step (`--overlap`, one task per node,
-   `--exclude=<head>`) that connects to the head;
+1. the node this runs on is the Ray head (`ray start --head --block`, a child process of this one). Under
+   Snakemake's SLURM plugins that is the job step the jobstep plugin starts on the allocation's first node
+   (`srun -n1 --gpus=<the node's GPUs> ...`: one task, one node, the train rule's `gpus` resource);
+2. every other node of the allocation runs one Ray worker, all in one `srun --overlap` step (one task per node,
+   `--nodelist=<the other nodes>`, each with the node's CPUs and GPUs: `--cpus-per-task`, `--gpus-per-node`)
+   that connects to the head. The allocation's nodes come from slurmctld (`scontrol show job $SLURM_JOB_ID`):
+   inside a job step SLURM_JOB_NODELIST names the step's nodes only. The step is started with the SLURM
+   variables of the job step this runs in removed (as the jobstep plugin does for its own `srun`): srun reads
+   them as options (e.g. the step's GPU count), and the worker step asks for what it needs itself;
 3. once all nodes are alive in the cluster (bounded wait), the driver (verl's command) runs on the
-   head with `RAY_ADDRESS` set, so its `ray.init()` joins the cluster instead of starting one;
-4. whatever happens to the driver, the worker step and the head are stopped (process groups).
+   head with `RAY_ADDRESS` set, so its `ray.init()` joins the cluster instead of starting one. Ray refuses
+   `num_cpus` / `num_gpus` from a driver that joins a cluster: each node's CPUs and GPUs are given to
+   `ray start` here (`--num-cpus`, `--num-gpus`), and the launcher leaves them out of verl's
+   `ray_kwargs.ray_init` on this path (creditlab.engines.verl.launch.verl_command);
+4. whatever happens to the driver, the worker step and the head are stopped (process groups), and the head's
+   record of its address (`ray_current_cluster` in Ray's temp dir, which a stopped head leaves behind) is removed:
+   a later `ray.init()` without an address on this node (a one-node run of another job) would follow it to a dead
+   cluster and wait for it (seen here: over six minutes, then the job was cancelled).
 
 Ray 2.60 authenticates cluster connections with a token; each job makes a fresh one and hands it to the
 head, the workers (srun passes the environment on) and the driver (`RAY_AUTH_MODE=token`,
@@ -18,7 +29,7 @@ address is the IP Ray itself picks for this node.
 
 Usage (what the launcher wraps a multi-node training command with; `--` separates the driver):
 
-    python -m creditlab.engines.verl.ray_slurm [--gpus-per-node G] [--force-cluster] -- <driver argv...>
+    python -m creditlab.engines.verl.ray_slurm [--gpus-per-node G] [--num-cpus C] [--force-cluster] -- <driver argv...>
 
 Outside SLURM, or on one node without ``--force-cluster``, the driver simply runs (verl starts its own Ray).
 """
@@ -40,11 +51,46 @@ DEFAULT_PORT = 6379
 READY_TIMEOUT_S = 300.0
 
 
+# what a job step's srun keeps of the SLURM variables (as snakemake-executor-plugin-slurm-jobstep 0.6.1 does, plus
+# SLURM_CONF: where the cluster's configuration is when it is not in /etc/slurm)
+KEEP_SLURM_VARS = frozenset(
+    {
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_MAX",
+        "SLURM_ARRAY_TASK_STEP",
+        "SLURM_CLUSTER_NAME",
+        "SLURM_SUBMIT_DIR",
+        "SLURM_SUBMIT_HOST",
+        "SLURM_CONF",
+    }
+)
+
+
+def job_nodelist(env: Mapping[str, str]) -> str | None:
+    """The job's node list (compressed, e.g. ``n[1-4]``) as slurmctld has it: `scontrol show job $SLURM_JOB_ID`.
+    A job step's own SLURM_JOB_NODELIST names the step's nodes (seen with slurm 22.05 inside the jobstep plugin's
+    `srun -n1` step of a two-node job: ``n1``), so it is only the fallback, when slurmctld gives no answer."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if job:
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30, env=dict(env)
+        )
+        for item in proc.stdout.split() if proc.returncode == 0 else []:
+            key, _, value = item.partition("=")
+            if key == "NodeList" and value and value != "(null)":
+                return value
+    return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+
+
 def slurm_nodes(env: Mapping[str, str] | None = None) -> list[str]:
-    """The allocation's host names, in SLURM's order (`scontrol show hostnames $SLURM_JOB_NODELIST`);
-    [] outside a SLURM job."""
+    """The allocation's host names, in SLURM's order (`scontrol show hostnames <job_nodelist>`); [] outside a
+    SLURM job."""
     env = os.environ if env is None else env
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    nodelist = job_nodelist(env)
     if not nodelist:
         return []
     out = subprocess.run(
@@ -56,6 +102,21 @@ def slurm_nodes(env: Mapping[str, str] | None = None) -> list[str]:
         env=dict(env),
     )
     return out.stdout.split()
+
+
+def this_node(nodes: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The node of the allocation this process runs on (SLURMD_NODENAME, else the first node): the Ray head."""
+    name = env.get("SLURMD_NODENAME")
+    return name if name in nodes else (nodes[0] if nodes else None)
+
+
+def step_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the job step's SLURM variables, for an `srun` that starts a step of its own."""
+    return {
+        k: v
+        for k, v in env.items()
+        if not (k.startswith(("SRUN_", "SBATCH_")) or (k.startswith("SLURM_") and k not in KEEP_SLURM_VARS))
+    }
 
 
 def ray_bin() -> str:
@@ -76,7 +137,13 @@ def auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
-def head_command(ip: str, port: int, gpus_per_node: int | None) -> list[str]:
+def _resources(gpus_per_node: int | None, num_cpus: int | None) -> list[str]:
+    return ([f"--num-cpus={num_cpus}"] if num_cpus is not None else []) + (
+        [f"--num-gpus={gpus_per_node}"] if gpus_per_node is not None else []
+    )
+
+
+def head_command(ip: str, port: int, gpus_per_node: int | None, num_cpus: int | None = None) -> list[str]:
     """`ray start` of the head node (blocking: the process lives as long as the head)."""
     cmd = [
         ray_bin(),
@@ -88,16 +155,23 @@ def head_command(ip: str, port: int, gpus_per_node: int | None) -> list[str]:
         "--include-dashboard=false",
         "--disable-usage-stats",
     ]
-    return cmd + ([f"--num-gpus={gpus_per_node}"] if gpus_per_node is not None else [])
+    return cmd + _resources(gpus_per_node, num_cpus)
 
 
-def worker_step_command(nodes: Sequence[str], address: str, gpus_per_node: int | None) -> list[str]:
-    """One `srun` step running a blocking Ray worker on every node but the first (the head)."""
-    workers = list(nodes[1:])
+def worker_step_command(
+    nodes: Sequence[str],
+    address: str,
+    gpus_per_node: int | None,
+    num_cpus: int | None = None,
+    head: str | None = None,
+) -> list[str]:
+    """One `srun` step running a blocking Ray worker on every node but the head (`head`, default the first), each
+    task with the node's CPUs (`num_cpus`: --cpus-per-task) and GPUs (--gpus-per-node)."""
+    head = nodes[0] if head is None and nodes else head
+    workers = [n for n in nodes if n != head]
     if not workers:
         return []
     ray = [ray_bin(), "start", f"--address={address}", "--block", "--disable-usage-stats"]
-    ray += [f"--num-gpus={gpus_per_node}"] if gpus_per_node is not None else []
     return [
         "srun",
         "--overlap",
@@ -105,7 +179,10 @@ def worker_step_command(nodes: Sequence[str], address: str, gpus_per_node: int |
         f"--ntasks={len(workers)}",
         "--ntasks-per-node=1",
         f"--nodelist={','.join(workers)}",
+        *([f"--cpus-per-task={num_cpus}"] if num_cpus is not None else []),
+        *([f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
         *ray,
+        *_resources(gpus_per_node, num_cpus),
     ]
 
 
@@ -139,6 +216,19 @@ def wait_for_nodes(address: str, n: int, procs: Sequence[subprocess.Popen], time
         ray.shutdown()
 
 
+def forget_address(address: str) -> None:
+    """Remove Ray's record of the current cluster on this node (`ray_current_cluster`, written by `ray start
+    --head`) if it names `address`: `ray stop` would, a head stopped by a signal does not."""
+    try:
+        from ray._common.utils import get_ray_address_file
+
+        path = Path(get_ray_address_file(None))
+        if path.read_text().strip() == address:
+            path.unlink()
+    except (ImportError, OSError):
+        pass
+
+
 def run_on_ray_cluster(
     argv: Sequence[str],
     gpus_per_node: int | None = None,
@@ -146,8 +236,10 @@ def run_on_ray_cluster(
     port: int = DEFAULT_PORT,
     timeout_s: float = READY_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
+    num_cpus: int | None = None,
 ) -> int:
-    """Run the driver `argv` on a Ray cluster over the SLURM allocation (see the module doc); its exit code."""
+    """Run the driver `argv` on a Ray cluster over the SLURM allocation (see the module doc); its exit code.
+    `num_cpus` / `gpus_per_node`: what Ray offers on each node (None: what Ray detects)."""
     env = dict(os.environ if env is None else env)
     nodes = slurm_nodes(env)
     if len(nodes) <= 1 and not force_cluster:
@@ -156,23 +248,26 @@ def run_on_ray_cluster(
     os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")})  # for wait_for_nodes' ray.init
     ip = node_ip()
     address = f"{ip}:{port}"
+    head = this_node(nodes, env)
     procs: list[subprocess.Popen] = []
     try:
         print(
-            f"ray_slurm: head {ip} ({nodes[0] if nodes else 'this host'}), {max(len(nodes), 1)} node(s)",
+            f"ray_slurm: head {ip} ({head or 'this host'}), {max(len(nodes), 1)} node(s)",
             file=sys.stderr,
             flush=True,
         )
-        procs.append(subprocess.Popen(head_command(ip, port, gpus_per_node), env=env, start_new_session=True))
-        workers = worker_step_command(nodes, address, gpus_per_node)
+        procs.append(subprocess.Popen(head_command(ip, port, gpus_per_node, num_cpus), env=env, start_new_session=True))
+        workers = worker_step_command(nodes, address, gpus_per_node, num_cpus, head=head)
         if workers:
-            procs.append(subprocess.Popen(workers, env=env, start_new_session=True))
+            print(f"ray_slurm: workers: {' '.join(workers)}", file=sys.stderr, flush=True)
+            procs.append(subprocess.Popen(workers, env=step_env(env), start_new_session=True))
         wait_for_nodes(address, max(len(nodes), 1), procs, timeout_s)
         print(f"ray_slurm: cluster up at {address}; running {' '.join(argv[:4])} ...", file=sys.stderr, flush=True)
         return subprocess.run(list(argv), env={**env, "RAY_ADDRESS": address}).returncode
     finally:
         for proc in reversed(procs):
             stop_group(proc)
+        forget_address(address)
 
 
 def main(args: Sequence[str] | None = None) -> None:
@@ -182,6 +277,7 @@ def main(args: Sequence[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs Ray offers per node (default: detected)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray offers per node (default: detected)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for every node")
     p.add_argument("--force-cluster", action="store_true", help="start a Ray cluster even on one node")
@@ -190,7 +286,7 @@ def main(args: Sequence[str] | None = None) -> None:
     driver = a.driver[1:] if a.driver[:1] == ["--"] else a.driver
     if not driver:
         p.error("no driver command (after --)")
-    sys.exit(run_on_ray_cluster(driver, a.gpus_per_node, a.force_cluster, a.port, a.timeout))
+    sys.exit(run_on_ray_cluster(driver, a.gpus_per_node, a.force_cluster, a.port, a.timeout, num_cpus=a.num_cpus))
 
 
 if __name__ == "__main__":
