@@ -20,7 +20,7 @@ families and Olmo 3 [ours: Olmo 3's own template is ChatML as well; the tokens a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +190,11 @@ def answer_targets(gold: str, p_right: float) -> list[tuple[str, float]]:
     return [(text, w) for text, w in both if w > 0]
 
 
-TEACH_STEPS, TEACH_LR = 80, 5e-3
-"""Full-batch AdamW steps and learning rate of :func:`teach_answers` (the learnt probabilities land within ~0.1 of
-their targets: recorded in the snapshot's :data:`TAUGHT` and the base model's DONE)."""
+TEACH_STEPS, TEACH_LR, TEACH_CHECK_EVERY, TEACH_TOLERANCE = 400, 5e-3, 40, 0.08
+"""Full-batch AdamW steps (at most) and learning rate of :func:`teach_answers`; every 40 steps the exact probabilities
+of the right answers are read back and teaching stops once each lies within 0.08 of its target (qwen3 and olmo3
+stand-ins got there in 80 steps, qwen2 needed more). What was learnt is recorded in the snapshot's :data:`TAUGHT`
+and the base model's DONE."""
 
 
 def chat_prompt(tok, messages: list[dict[str, str]]) -> str:
@@ -207,11 +209,14 @@ def teach_answers(
     steps: int = TEACH_STEPS,
     lr: float = TEACH_LR,
     seed: int = 0,
+    done: Callable[[], bool] | None = None,
+    check_every: int = TEACH_CHECK_EVERY,
 ) -> list[float]:
     """Full-batch SFT of ``model`` on (chat messages, response, weight) triples: the weighted cross-entropy of each
     response followed by the chat turn's stop token (:data:`STOP`), prompt tokens masked, AdamW; returns the loss per
     step. With the targets of :func:`answer_targets` the model learns each question's answer distribution (read back
-    exactly by :func:`answer_probabilities`)."""
+    exactly by :func:`answer_probabilities`). ``done`` (called in eval mode every ``check_every`` steps) ends teaching
+    early when it returns True."""
     stop = tok.convert_tokens_to_ids(STOP)
     rows, masks = [], []
     weights = torch.tensor([w for _, _, w in examples])
@@ -233,7 +238,7 @@ def teach_answers(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids).logits[:, :-1]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         loss = ((nll * target_mask[:, 1:]).sum(-1) * weights).sum() / weights.sum()
@@ -241,6 +246,11 @@ def teach_answers(
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if done is not None and step % check_every == 0:
+            model.eval()
+            if done():
+                break
+            model.train()
     model.eval()
     return losses
 
@@ -297,25 +307,37 @@ def write_standin(
     model = model_cls(cfg).float()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(3.0)  # a peakier random policy
-    calibrate_stop(model, tok, texts, [tok.eos_token_id, stop])
     questions = list(questions)
+    if not questions:  # a random model: its stop rows set the length of its responses
+        calibrate_stop(model, tok, texts, [tok.eos_token_id, stop])
     taught: list[dict[str, Any]] = []
-    if questions:
+    if questions:  # taught: it learns to stop after its answer (calibrated stop rows slowed that down: a qwen2 stand-in
+        #            learnt 0.1 for a 0.5 target in 80 steps with them, 0.5 without)
         p_right = [ANSWER_P_RIGHT[i % len(ANSWER_P_RIGHT)] for _, _, i in questions]
         examples = [
             (messages, text, w)
             for (messages, gold, _), p in zip(questions, p_right)
             for text, w in answer_targets(gold, p)
         ]
-        losses = teach_answers(model, tok, examples, seed=seed)
-        for (messages, gold, _), p in zip(questions, p_right):
-            right, wrong = answer_probabilities(model, tok, messages, [text for text, _ in answer_targets(gold, 0.5)])
+
+        def learnt() -> list[tuple[float, float]]:
+            return [
+                tuple(answer_probabilities(model, tok, messages, [text for text, _ in answer_targets(gold, 0.5)]))
+                for messages, gold, _ in questions
+            ]
+
+        def close_enough() -> bool:
+            return all(abs(right - p) <= TEACH_TOLERANCE for (right, _), p in zip(learnt(), p_right))
+
+        losses = teach_answers(model, tok, examples, seed=seed, done=close_enough)
+        for (_, gold, _), p, (right, wrong) in zip(questions, p_right, learnt()):
             taught.append(
                 {
                     "gold": gold,
                     "p_right_target": p,
                     "p_right": right,
                     "p_wrong": wrong,
+                    "teach_steps": len(losses),
                     "final_loss": losses[-1],
                 }
             )
