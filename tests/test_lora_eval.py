@@ -53,7 +53,7 @@ def _make_checkpoint(root: Path) -> None:
     """(subprocess: it initialises torch.distributed) stand-in base in root/base; the trained adapter (float32) in
     root/trained.pt; verl's FSDP checkpoint of the LoRA model in root/ckpt/global_step_2/actor."""
     import torch.distributed as dist
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import get_peft_model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,14 +65,7 @@ def _make_checkpoint(root: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{root / 'pg'}", rank=0, world_size=1)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.config.name_or_path = str(base)  # as verl loads it: the checkpoint's huggingface/ gets generation_config
-    config = LoraConfig(
-        task_type=TaskType.CAUSAL_LM,
-        r=LORA["rank"],
-        lora_alpha=LORA["alpha"],
-        target_modules=LORA["target_modules"],
-        bias="none",
-    )  # verl's own LoraConfig (workers/engine/fsdp/transformer_impl.py _build_lora_module)
-    model = get_peft_model(model, config)
+    model = get_peft_model(model, _lora_config())
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -139,18 +132,24 @@ def _load(model_dir: Path, adapter: Path | str | None = None):
     return model if adapter is None else PeftModel.from_pretrained(model, str(adapter)).eval()
 
 
-def _reference(verl_run: dict):
-    """Base + adapter: the float32 base with the trained adapter's values as verl's merger stores them (bf16)."""
-    from peft import LoraConfig, TaskType, get_peft_model
+def _lora_config():
+    """verl's own LoraConfig of the run (workers/engine/fsdp/transformer_impl.py _build_lora_module)."""
+    from peft import LoraConfig, TaskType
 
-    config = LoraConfig(
+    return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=LORA["rank"],
         lora_alpha=LORA["alpha"],
         target_modules=LORA["target_modules"],
         bias="none",
     )
-    model = get_peft_model(_load(verl_run["base"]), config)
+
+
+def _reference(verl_run: dict):
+    """Base + adapter: the float32 base with the trained adapter's values as verl's merger stores them (bf16)."""
+    from peft import get_peft_model
+
+    model = get_peft_model(_load(verl_run["base"]), _lora_config())
     trained = torch.load(verl_run["trained"])
     state = {n: t.to(torch.bfloat16).float() for n, t in trained.items()}
     missing = set(state) - set(dict(model.named_parameters()))

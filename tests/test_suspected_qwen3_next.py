@@ -22,6 +22,8 @@ import inspect
 import pytest
 import torch
 
+from creditlab.models.standin import SHAPES
+
 tf = pytest.importorskip("transformers")
 
 SMALL = dict(
@@ -34,17 +36,8 @@ SMALL = dict(
     head_dim=16,
     attn_implementation="sdpa",
 )
-NEXT = dict(
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=32,
-    linear_num_value_heads=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    decoder_sparse_step=1,
-)
+NEXT = {k: v for k, v in SHAPES["qwen3_next"].items() if k not in ("head_dim", "layer_types")}
+"""The smoke stand-in's MoE and Gated DeltaNet sizes (creditlab.models.standin.SHAPES); head_dim and layers here."""
 
 
 def _model(kind: str):
