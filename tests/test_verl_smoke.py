@@ -289,8 +289,7 @@ def test_arca_lora_run_is_evaluated_with_its_trained_adapter(smoke):
     """The LoRA run's evaluation serves its adapter, not the base model: after verl's merger, the train job placed the
     adapter in run_dir/adapter with the run's rank and alpha (verl writes alpha 0 without lora_train_meta.json), the
     evaluator's engines are the base snapshot + that adapter, and the served model's logits (base + adapter through
-    peft, float32) differ from the base's on a training prompt; final/ holds the same trained model (the adapter
-    merged in, bf16)."""
+    peft, float32) differ from the base's on a prompt; final/ holds the same model up to bf16 rounding."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -310,15 +309,22 @@ def test_arca_lora_run_is_evaluated_with_its_trained_adapter(smoke):
     )
     ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
     with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32).eval()
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
         base_logits = base(input_ids=ids).logits
         served = PeftModel.from_pretrained(base, run_dir / "adapter").eval()
         served_logits = served(input_ids=ids).logits
-        final = AutoModelForCausalLM.from_pretrained(run_dir / "final", torch_dtype=torch.float32).eval()
+        final = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
         final_logits = final(input_ids=ids).logits
+        rounded = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        for w in rounded.parameters():
+            w.copy_(w.to(torch.bfloat16).float())
+        bf16_err = (rounded(input_ids=ids).logits - base_logits).abs().max().item()
     gap = (served_logits - base_logits).abs().max().item()
     assert gap > 0.0  # the trained adapter changes the model (B != 0 after step 1's update)
-    assert (final_logits - served_logits).abs().max().item() < max(0.05, gap)  # final/: the same model, in bf16
+    # final/ (verl's merger writes bf16) is the served model up to bf16 rounding of its weights. Measured in CI: the
+    # adapter's effect after 2 steps 1.3e-3, the rounding 6.3e-2, final vs served 6.2e-2: the adapter is below bf16's
+    # resolution there, which is why the evaluator serves base + adapter rather than final/
+    assert (final_logits - served_logits).abs().max().item() <= 2 * bf16_err + gap
 
 
 def test_query_preserved_and_reward_balanced_batching_on_verl(smoke):
