@@ -236,6 +236,12 @@ def test_first_step_matches_brute_force_mixture(base, rl, decode_with, gamma, k)
     dec_is_rl = decode_with == "rl"
     dl = [a - b for a, b in zip(lp_rl, lp_base)]
     q = _direct_sampling_probs(lp_rl if dec_is_rl else lp_base, temperature, top_p)
+    if k is not None:  # the top-k view: proposal from the decoder's top k, Δlog p on the padded union
+        cut_rl, cut_base = _cut(torch.tensor([lp_rl]), k), _cut(torch.tensor([lp_base]), k)
+        q = _direct_sampling_probs((cut_rl if dec_is_rl else cut_base)[0].tolist(), temperature, top_p)
+        pad_d, pad_o = _padded_union(*((cut_rl, cut_base) if dec_is_rl else (cut_base, cut_rl)), k)
+        pad_rl, pad_base = (pad_d, pad_o) if dec_is_rl else (pad_o, pad_d)
+        dl = [a - b if a > -INF else -INF for a, b in zip(pad_rl[0].tolist(), pad_base[0].tolist())]
     tau = _tau_for_half_mass(dl, q, "ge" if dec_is_rl else "le")
     fired = [(d >= tau) if dec_is_rl else (d <= tau) for d in dl]
     r = {y: _direct_resample_probs(lp_rl, lp_base, dec_is_rl, gamma, k, y, temperature, top_p) for y in range(VOCAB)}
@@ -308,6 +314,22 @@ def test_first_step_end_to_end_chi_square(base, rl) -> None:
 
 
 # ------------------------------------------------------------------------------------------- whole sequences
+def _cut(lp: torch.Tensor, k: int) -> torch.Tensor:
+    """One row [1, V] cut to its k largest entries (-inf elsewhere), by a loop."""
+    keep = sorted(range(lp.shape[-1]), key=lambda v: -float(lp[0, v]))[:k]
+    return torch.tensor([[float(lp[0, v]) if v in keep else -INF for v in range(lp.shape[-1])]])
+
+
+def _padded_union(lp_d: torch.Tensor, lp_o: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two cut rows on the union of their finite entries, each missing entry padded with its row's k-th value."""
+    union = [v for v in range(lp_d.shape[-1]) if lp_d[0, v] > -INF or lp_o[0, v] > -INF]
+    out = []
+    for lp in (lp_d, lp_o):
+        pad = sorted((float(x) for x in lp[0] if x > -INF), reverse=True)[k - 1]
+        out.append(torch.tensor([[max(float(lp[0, v]), pad) if v in union else -INF for v in range(lp.shape[-1])]]))
+    return out[0], out[1]
+
+
 def _reference_decode(primary, secondary, prompts, responses, *, rule, seed, max_new):
     """Teacher-forced reference: for every row and step, recompute from full forwards (no cache) what
     the rule emits given the decoded prefix and the row's pre-drawn uniforms; also count the flags.
@@ -321,9 +343,16 @@ def _reference_decode(primary, secondary, prompts, responses, *, rule, seed, max
         for t in range(len(resp)):
             ld, lo = _next_logits(primary, p + resp[:t])[None], _next_logits(secondary, p + resp[:t])[None]
             u = uniforms[i, t]
-            y = choose_tokens(ld, rule.params, u[PROPOSAL][None])
             lp_d, lp_o = ld.log_softmax(-1), lo.log_softmax(-1)
-            lp_rl, lp_base = (lp_d, lp_o) if rule.decode_with == "rl" else (lp_o, lp_d)
+            if rule.top_k_support is None:
+                y = choose_tokens(ld, rule.params, u[PROPOSAL][None])
+                crit_d, crit_o = lp_d, lp_o
+            else:  # the top-K view: what engines asked for K log-probs return (the module's own_view / union_view)
+                k = rule.top_k_support
+                lp_d, lp_o = _cut(lp_d, k), _cut(lp_o, k)
+                y = choose_tokens(lp_d, rule.params, u[PROPOSAL][None])
+                crit_d, crit_o = _padded_union(lp_d, lp_o, k)
+            lp_rl, lp_base = (crit_d, crit_o) if rule.decode_with == "rl" else (crit_o, crit_d)
             score = float(rule.criterion(lp_rl, lp_base, y, decoder=rule.decode_with, uniforms=u[CRITERION][None]))
             fire = score <= rule.threshold if rule.direction == "le" else score >= rule.threshold
             tok = int(y)
@@ -477,3 +506,41 @@ def test_evaluate_model_with_selective_generate_fn(tmp_path: Path) -> None:
     assert all(r["resampled"] == 0 for r in never_rows)
     with pytest.raises(ValueError, match="model or a generate_fn"):
         evaluate_model(None, tok, suites, params, scorer=None, out_dir=tmp_path / "x", **kw)
+
+
+# ------------------------------------------------------------------------------------------- the top-K view
+def test_top_k_view_covering_the_vocabulary_is_the_full_view(base, rl) -> None:
+    """K >= V: the top-K view (the paper-scale default, K = 50) chooses the same tokens, with the same resample
+    counts, as the full view (the tiny default), for sampling and every criterion family."""
+    prompts = _prompts(12, seed=3)
+    params = SamplingParams(max_new_tokens=10, eos_id=EOS, seed=5, temperature=1.2, top_p=0.95)
+    for criterion, threshold in (("dlogp", -0.2), ("kl", 0.05), ("entropy", 1.0)):
+        settings = dict(criterion=criterion, threshold=threshold, gamma=0.3)
+        full, s_full = selective_generate(base, rl, prompts, params, top_k_support=None, **settings)
+        for k in (VOCAB, 50):
+            view, s_view = selective_generate(base, rl, prompts, params, top_k_support=k, **settings)
+            assert view.response_ids == full.response_ids and s_view == s_full, (criterion, k)
+        assert sum(s_full["resampled"]) > 0
+    cut, _ = selective_generate(
+        base, rl, prompts, params, top_k_support=3, criterion="dlogp", threshold=-0.2, gamma=0.3
+    )
+    assert cut.response_ids != full.response_ids  # a K below the support of the models' rows is another decoder
+
+
+def test_rule_on_engine_top_k_rows_equals_the_rule_on_full_rows() -> None:
+    """What a vLLM engine asked for K log-probs returns (each row's log-probs cut to its top K, -inf elsewhere,
+    read by ``choose_logprobs`` as the vLLM decoder does) gives the rule the same tokens and flags as the local
+    decoder's full logits: both backends decode the same top-K view."""
+    from creditlab.decoding.extrapolation import own_view
+
+    g = torch.Generator().manual_seed(0)
+    dec, other = 3 * torch.randn(256, 40, generator=g), 3 * torch.randn(256, 40, generator=g)
+    uniforms = torch.rand(256, 3, generator=g)
+    for criterion, threshold, gamma in (("dlogp", -0.5, 0.3), ("kl", 0.5, 0.0), ("entropy", 1.0, 0.5)):
+        rule = make_rule(
+            criterion, threshold=threshold, gamma=gamma, top_k_support=6, params=SamplingParams(temperature=0.9)
+        )
+        full = rule.choose([dec, other], uniforms)
+        cut = rule.choose_logprobs([own_view(dec.log_softmax(-1), 6), own_view(other.log_softmax(-1), 6)], uniforms)
+        assert torch.equal(full[0], cut[0]) and torch.equal(full[1], cut[1]), criterion
+        assert 0 < float(full[1][:, 0].float().mean()) < 1  # both branches

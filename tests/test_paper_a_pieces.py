@@ -34,6 +34,9 @@ def test_decodings_resolve_per_scale_and_reach_the_plan():
         "top_k_support": None,
     }
     assert extrap.threshold("paper") == -0.3  # the paper's DAPO-32B setting
+    # the view: the official script's top-50 log-probs where paper entries are read, the full vocabulary at tiny
+    assert extrap.settings("paper")["top_k_support"] == extrap.settings("smoke")["top_k_support"] == 50
+    assert extrap.settings("tiny")["top_k_support"] is None
     assert plan.decode("rep-random-2").threshold("anything") == 0.05  # one value for every scale
     evals = plan.table_evals("dlogp", "replacement")
     assert {d for _, d in evals} >= {None, "rep-kl-1", "rep-entropy-3"}

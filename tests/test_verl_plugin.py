@@ -33,6 +33,7 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
+import verl_cpu  # noqa: E402
 from conftest import clear_partition  # noqa: E402
 from creditlab.algos import registry  # noqa: E402
 from creditlab.algos.batching import RewardBalancedBuffer, sign_counts  # noqa: E402
@@ -1134,33 +1135,7 @@ def test_trainer_folds_credit_through_verls_compute_advantage(transfer_queue, tm
 @pytest.fixture
 def cpu_engine(monkeypatch):
     """verl's real FSDPEngineWithLMHead around a tiny Qwen3 on CPU (no FSDP wrapping, no process group)."""
-    import verl.utils.torch_functional as verl_F
-    import verl.workers.engine.fsdp.transformer_impl as impl
-    from verl.workers.config import FSDPEngineConfig
-
-    from creditlab.models.tiny import build_model
-
-    monkeypatch.setattr(impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform
-    monkeypatch.setattr(impl, "get_device_name", lambda: "cpu")
-    arch = dict(
-        family="qwen3",
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        rope_theta=1e4,
-    )
-    eng = object.__new__(impl.FSDPEngineWithLMHead)
-    eng.module = build_model(arch, 40, 0, 1, 2).eval()
-    eng.use_ulysses_sp, eng.ulysses_device_mesh, eng.pad_to_length = False, None, False
-    eng._autocast_dtype = torch.float32
-    eng.engine_config = FSDPEngineConfig(use_torch_compile=False)
-    eng.compute_entropy_from_logits = verl_F.entropy_from_logits
-    return eng
+    return verl_cpu.cpu_engine(monkeypatch)
 
 
 @pytest.mark.parametrize("remove_padding", [False, True])

@@ -17,12 +17,17 @@ gamma = 0 is *replace-only* (resample from pi_RL): the token replacement study. 
 decoder counts its generated tokens, the resampled positions (criterion fired; the replacement rate
 is resampled / tokens) and the resamples that changed the token.
 
-Support. By default the resampling distribution is exact over the full vocabulary. With
-``top_k_support=K`` it mirrors the official vLLM script, which only sees each model's top-K
-log-probs (``logprobs=50``; vLLM also returns the sampled token's): the support is the decoding
-model's top-K tokens plus the proposed token, and the other model's log-prob of a support token
-outside its own top-K is filled with the smallest of its top-K log-probs (the script's
-``pad_lp = min(...)``). Criteria stay exact over the full vocabulary in both cases.
+Support. By default the decoder sees both models over the full vocabulary, exactly. With ``top_k_support=K`` it sees
+them as the official vLLM script does, through each model's top-K log-probs only (``logprobs=50``: the view the
+paper-scale decodings use, ``creditlab.papers.spec.OFFICIAL_TOP_K``, since a 152k-entry row per token per engine
+would dominate their cost): the vLLM engines are asked for K log-probs and the local decoder cuts its full rows to
+the same view (:func:`own_view`), so both backends choose the same tokens. On that view: the proposal is drawn from
+the decoding model's top-K (renormalised; the script samples it from vLLM's full distribution, which its top-p
+nucleus almost always keeps inside the top 50); the criterion reads both models on the union of their top-K sets,
+each model's missing entries padded with its K-th log-prob (:func:`union_view`: the script's ``pad_lp = min(...)``;
+exact for ``dlogp`` on the proposed token [code], the padding of the distribution criteria (kl, entropy, ...) ours);
+the resampling support is the decoding model's top-K tokens plus the proposed token, with the other model's log-prob
+of a support token outside its own top-K padded the same way. K >= V is the full view.
 
 Randomness: three pre-drawn uniform streams per (prompt, step) (see
 :mod:`creditlab.lm.sampler`): proposal (stream 0, the plain sampler's stream, so a
@@ -71,6 +76,28 @@ def extrapolated_logprobs(logp_rl: Tensor, logp_base: Tensor, gamma: float) -> T
     if gamma == 0:
         return torch.log_softmax(logp_rl, dim=-1)
     return torch.log_softmax((1.0 + gamma) * logp_rl - gamma * logp_base, dim=-1)
+
+
+def own_view(logp: Tensor, k: int) -> Tensor:
+    """A model's row as its engine shows it when asked for its top-k log-probs: logp [B, V] with -inf outside each
+    row's k largest entries. Idempotent: a row already cut to its top-k (vLLM's) is returned as it is."""
+    k = min(int(k), logp.shape[-1])
+    top = logp.topk(k, dim=-1)
+    return torch.full_like(logp, -math.inf).scatter_(1, top.indices, top.values)
+
+
+def union_view(logp_dec: Tensor, logp_other: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Both models on the union U of their top-k sets, as the criteria read them on the top-k view: each row
+    [B, V] keeps its own top-k log-probs, its entries in U outside its own top-k are padded with its k-th log-prob
+    (the script's pad), -inf outside U. The same whether the rows are full or already cut to their top-k."""
+    k = min(int(k), logp_dec.shape[-1])
+    in_u = torch.zeros_like(logp_dec, dtype=torch.bool)
+    in_u.scatter_(1, logp_dec.topk(k, dim=-1).indices, True).scatter_(1, logp_other.topk(k, dim=-1).indices, True)
+    out = []
+    for lp in (logp_dec, logp_other):
+        kth = lp.topk(k, dim=-1).values[:, -1:]
+        out.append(torch.where(in_u, torch.maximum(lp, kth), torch.full_like(lp, -math.inf)))
+    return out[0], out[1]
 
 
 def top_k_support(logp_dec: Tensor, logp_other: Tensor, token: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -125,7 +152,9 @@ class SelectiveRule:
         if self.top_k_support is None:
             return extrapolated_logprobs(*self.rl_base(lp_dec, lp_other), self.gamma)
         support, other = top_k_support(lp_dec, lp_other, proposal, self.top_k_support)
-        extra = extrapolated_logprobs(*self.rl_base(lp_dec, other), self.gamma)
+        # off the support the values do not matter (masked below), but must be finite: a top-K view is -inf there
+        dec, other = lp_dec.masked_fill(~support, 0.0), other.masked_fill(~support, 0.0)
+        extra = extrapolated_logprobs(*self.rl_base(dec, other), self.gamma)
         return torch.log_softmax(extra.masked_fill(~support, -math.inf), dim=-1)
 
     def fire(self, lp_dec: Tensor, lp_other: Tensor, proposal: Tensor, uniforms: Tensor) -> Tensor:
@@ -139,15 +168,30 @@ class SelectiveRule:
 
         Only the rows where the criterion fires are resampled (one batched gather, no per-row loop).
         """
-        dec_logits, other_logits = logits
-        proposal = choose_tokens(dec_logits, self.params, uniforms[:, PROPOSAL])
-        lp_dec, lp_other = torch.log_softmax(dec_logits, dim=-1), torch.log_softmax(other_logits, dim=-1)
-        fired = self.fire(lp_dec, lp_other, proposal, uniforms[:, CRITERION])
+        return self._choose(logits, uniforms, normalised=False)
+
+    def choose_logprobs(self, logprobs: list[Tensor], uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`choose` on rows that are log-probs already, as an engine returns them: the full vocabulary, or with
+        ``top_k_support=K`` each row's top K only (-inf elsewhere; its values are not renormalised)."""
+        return self._choose(logprobs, uniforms, normalised=True)
+
+    def _choose(self, rows: list[Tensor], uniforms: Tensor, normalised: bool) -> tuple[Tensor, Tensor]:
+        dec_rows, other_rows = rows
+        lp_dec, lp_other = dec_rows, other_rows
+        if not normalised:
+            lp_dec, lp_other = torch.log_softmax(dec_rows, dim=-1), torch.log_softmax(other_rows, dim=-1)
+        if self.top_k_support is None:
+            proposal = choose_tokens(dec_rows, self.params, uniforms[:, PROPOSAL])
+            fired = self.fire(lp_dec, lp_other, proposal, uniforms[:, CRITERION])
+        else:  # the top-K view (module docstring): the same on full rows and on an engine's top-K rows
+            lp_dec, lp_other = own_view(lp_dec, self.top_k_support), own_view(lp_other, self.top_k_support)
+            proposal = choose_tokens(lp_dec, self.params, uniforms[:, PROPOSAL])
+            fired = self.fire(*union_view(lp_dec, lp_other, self.top_k_support), proposal, uniforms[:, CRITERION])
         tokens = proposal.clone()
-        rows = fired.nonzero().squeeze(1)
-        if rows.numel():
-            extra = self.resample_logprobs(lp_dec[rows], lp_other[rows], proposal[rows])
-            tokens[rows] = choose_tokens(extra, self.params, uniforms[rows, RESAMPLE])
+        rows_fired = fired.nonzero().squeeze(1)
+        if rows_fired.numel():
+            extra = self.resample_logprobs(lp_dec[rows_fired], lp_other[rows_fired], proposal[rows_fired])
+            tokens[rows_fired] = choose_tokens(extra, self.params, uniforms[rows_fired, RESAMPLE])
         return tokens, torch.stack([fired, tokens != proposal], dim=1)
 
     def chooser(self) -> Chooser:

@@ -251,19 +251,21 @@ def _parse_scale_map(chk: Checker, data: Mapping, what: str) -> dict[str, dict[s
 
 
 def _parse_decodes(data: Mapping | None) -> dict[str, DecodeSpec]:
-    """`decodes`: name -> {criterion, threshold (number or scale -> number), gamma, decode_with, top_k_support}."""
+    """`decodes`: name -> {criterion, threshold (number or scale -> number), gamma, decode_with, top_k_support (K, null
+    or scale -> K | null; absent: the official top-50 view at paper scale, the full view at tiny)}."""
     decodes: dict[str, DecodeSpec] = {}
     for name, body in (data or {}).items():
         raw = body["threshold"]
         thresholds = {str(k): float(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {"*": float(raw)}
-        top_k = body.get("top_k_support")
+        top_k = body.get("top_k_support", {})  # absent: the per-scale default (DecodeSpec.top_k_support)
+        top_ks = top_k if isinstance(top_k, Mapping) else {"*": top_k}
         decodes[str(name)] = DecodeSpec(
             str(name),
             tuple(sorted(thresholds.items())),
             body.get("criterion", "dlogp"),
             float(body.get("gamma", 0.0)),
             body.get("decode_with", "base"),
-            None if top_k is None else int(top_k),
+            tuple(sorted((str(k), None if v is None else int(v)) for k, v in top_ks.items())),
         )
     return decodes
 

@@ -212,6 +212,11 @@ class Claim:
         return pairs + [(u, self.row) for u in self.under]
 
 
+OFFICIAL_TOP_K = 50
+"""The official script's view of the two models in Paper A's decodings (``logprobs=50``; Hesse73/RLVR-Directions):
+each model's top 50 log-probs per token. The default ``top_k_support`` where a scale reads paper entries."""
+
+
 @dataclass(frozen=True)
 class DecodeSpec:
     """A test-time decoding of Paper A: selective extrapolation / replacement between base and RL.
@@ -220,7 +225,10 @@ class DecodeSpec:
     decoding with the base model, >= when decoding with the RL model; others: score >= threshold);
     a fired position is resampled from log-softmax((1 + gamma) log pi_RL - gamma log pi_base).
     ``thresholds`` holds one value per scale (tiny models are far more confident than 7B-32B ones,
-    so the paper's tau would almost never fire at tiny scale).
+    so the paper's tau would almost never fire at tiny scale). ``top_k_supports``: the view of the two models
+    (``decoding.extrapolation``), K or None (full vocabulary) per scale ("*": every scale); a scale not listed gets
+    the official script's top-50 view where it reads paper entries (paper, smoke: both vLLM engines asked for 50
+    log-probs per token instead of a 152k-entry row) and the full view elsewhere (tiny, micro).
     """
 
     name: str
@@ -228,7 +236,17 @@ class DecodeSpec:
     criterion: str = "dlogp"
     gamma: float = 0.0
     decode_with: str = "base"
-    top_k_support: int | None = None
+    top_k_supports: tuple[tuple[str, int | None], ...] = ()
+
+    def top_k_support(self, scale: str) -> int | None:
+        """The decoding's view at ``scale``: K (top-K log-probs of each model) or None (full vocabulary)."""
+        table = dict(self.top_k_supports)
+        if "*" in table:
+            return table["*"]
+        scale = spec_scale(scale)
+        if scale in table:
+            return table[scale]
+        return OFFICIAL_TOP_K if scale == "paper" else None
 
     def threshold(self, scale: str) -> float:
         table = dict(self.thresholds)
@@ -246,7 +264,7 @@ class DecodeSpec:
             "threshold": self.threshold(scale),
             "gamma": self.gamma,
             "decode_with": self.decode_with,
-            "top_k_support": self.top_k_support,
+            "top_k_support": self.top_k_support(scale),
         }
 
 

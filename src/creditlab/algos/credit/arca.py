@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from creditlab.algos.credit.base import run_in_memory
 from creditlab.algos.registry import register
 
 SCALES = ("mean1", "sum1")
@@ -219,6 +220,27 @@ def arca_divergence_weights(
     return _scaled((_float(old_logp) - _float(ref_logp)).abs(), mask, eps, scale)
 
 
+class ArcaCredit:
+    """The streamed form of :func:`arca_weights` (``arca_weights.stream``, ``algos.credit.base.credit_stream``): one
+    pass; :meth:`update` reads a micro-batch's hidden, base_hidden Tensor[B_mb, T, d] and mask Tensor[B_mb, T] and
+    returns its saliences a_t (eq. 15; 0 on padding), :meth:`finish` normalises the whole batch's Tensor[B, T] within
+    each trajectory (eq. 8 and ``scale``). Only a_t (a scalar per token) outlives its micro-batch."""
+
+    def __init__(self, eps: float = EPS, scale: str = "mean1"):
+        if scale not in SCALES:
+            raise ValueError(f"unknown ARCA weight scale {scale!r}; valid choices: {list(SCALES)}")
+        self.eps, self.scale, self.done = eps, scale, False
+
+    def update(self, hidden: Tensor, base_hidden: Tensor, mask: Tensor) -> Tensor:
+        return adapter_residual_norm(hidden, base_hidden) * (mask > 0)
+
+    def end_pass(self) -> None:
+        self.done = True
+
+    def finish(self, values: Tensor, mask: Tensor) -> Tensor:
+        return _scaled(values, mask, self.eps, self.scale)
+
+
 @register("credit", "arca")
 @torch.no_grad()
 def arca_weights(hidden: Tensor, base_hidden: Tensor, mask: Tensor, eps: float = EPS, scale: str = "mean1") -> Tensor:
@@ -228,5 +250,9 @@ def arca_weights(hidden: Tensor, base_hidden: Tensor, mask: Tensor, eps: float =
     same forward with the adapter disabled: the reference pass, no extra forward) [paper].
     hidden, base_hidden: Tensor[B, T, d]; mask: Tensor[B, T] -> Tensor[B, T]. Both are required:
     ``apply_credit`` (and a direct call with None) raises a ValueError naming the missing one.
+    The whole batch as one micro-batch of :class:`ArcaCredit` (the verl workers stream it).
     """
-    return _scaled(adapter_residual_norm(hidden, base_hidden), mask, eps, scale)
+    return run_in_memory(ArcaCredit(eps, scale), dict(hidden=hidden, base_hidden=base_hidden, mask=mask))
+
+
+arca_weights.stream = ArcaCredit

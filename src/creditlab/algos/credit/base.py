@@ -96,6 +96,35 @@ def compose_credit(fns: list[tuple[Callable, dict]], inputs: CreditInputs, extra
     return out
 
 
+def named_inputs(fn, inputs: dict) -> dict:
+    """The entries of ``inputs`` that ``fn``'s signature names."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in inputs.items() if k in params}
+
+
+def credit_stream(fn, kwargs: dict, extra: dict | None = None):
+    """The streamed form of a credit function or token filter that holds per-token states (``fn.stream``: DelTA's),
+    built from its config ``kwargs`` (plus the ``extra`` its constructor names), or None.
+
+    A stream reads a batch one micro-batch at a time, over one or more passes, holding O(d) statistics instead of
+    every token's d-vector: ``while not s.done: [s.update(**micro-batch inputs)...]; s.end_pass()``; ``update``
+    returns Tensor[B_mb, T] on the last pass (else None); ``s.finish(values, **batch inputs)`` maps the whole
+    batch's values (Tensor[B, T], rollouts in the batch's order) to the function's output. The inputs are the
+    CreditInputs fields the methods' signatures name. :func:`run_in_memory` is the one-micro-batch driver."""
+    make = getattr(fn, "stream", None)
+    return None if make is None else make(**kwargs, **named_inputs(make, extra or {}))
+
+
+def run_in_memory(stream, inputs: dict) -> Tensor:
+    """Drive a credit stream (:func:`credit_stream`) over one micro-batch holding the whole batch: ``inputs`` are the
+    batch's tensors by CreditInputs name. Returns ``stream.finish`` of the last pass's values (Tensor[B, T])."""
+    values = None
+    while not stream.done:
+        values = stream.update(**named_inputs(stream.update, inputs))
+        stream.end_pass()
+    return stream.finish(values, **named_inputs(stream.finish, inputs))
+
+
 @register("credit", "none")
 def no_credit(old_logp: Tensor) -> Tensor:
     """w_{i,t} = 1 for every token: plain GRPO/DAPO. Tensor[B, T] -> Tensor[B, T]."""

@@ -2,7 +2,7 @@
 
 DelTA (Paper B) needs h_t, the LM-head input of the old-log-prob forward, for every valid token; ARCA
 (Paper D) needs h_t^adapted - h_t^base, the same forward with the LoRA adapter on and off. Hidden states
-are [B, T, d] per rank and never leave the GPU workers: the credit functions that name them
+are [B_mb, T, d] per micro-batch and never leave the GPU workers: the credit functions that name them
 (``hidden``, ``base_hidden``) run here, inside verl's old-log-prob pass, and only their per-token weights
 (Tensor[B, T]) go back to the driver through TransferQueue.
 
@@ -11,11 +11,11 @@ Against verl 0.9.1's worker API (``verl.workers.engine_workers``):
 * :class:`CreditlabActorRolloutRefWorker` subclasses ``ActorRolloutRefWorker`` and overrides its
   ``compute_log_prob`` (same dispatch: ``make_nd_compute_dataproto_dispatch_fn("actor")``). Without our key
   in the batch it is verl's method unchanged. With ``creditlab_credit`` (a spec the trainer puts in the
-  batch's ``extra_info``) it runs ``TrainingWorker.infer_batch`` under :func:`capture_final_hidden`, then,
-  for LoRA runs, once more with ``no_lora_adapter`` (verl's own adapter-disabled reference pass, which
-  therefore happens here instead of in a separate ``compute_log_prob`` call), and computes the credit
-  functions of the spec with statistics all-reduced over the data-parallel group
-  (``engine.get_data_parallel_group()``) (:func:`worker_credit`).
+  batch's ``extra_info``) it runs ``TrainingWorker.infer_batch`` under :func:`stream_credit` (for LoRA runs each
+  micro-batch is forwarded again with the adapter disabled: verl's reference pass, which therefore happens here
+  instead of in a separate ``compute_log_prob`` call), once more per further statistics pass of the streamed credit
+  functions, and computes the credit functions of the spec with statistics all-reduced over the data-parallel group
+  (``engine.get_data_parallel_group()``) (:func:`credit_pass`, :func:`worker_credit`).
 * ``init_model`` is verl's, then :func:`install_group_ids`: for a group-coupled creditlab loss (grpo_fix, dfpo)
   the actor's loss ``partial(verl.workers.utils.losses.ppo_loss, config)`` is wrapped by
   ``plugin.with_group_ids`` (the micro-batch's ``uid`` -> group ids for the registered loss).
@@ -26,18 +26,25 @@ Against verl 0.9.1's worker API (``verl.workers.engine_workers``):
   verl's own micro-batch reassembly (``postprocess_batch_func``) then orders it, and verl's
   ``response_from_nested`` cuts the response positions of log-probs and hidden states alike.
 
-Cost [ours]: verl's ``TrainingWorker.infer_batch`` returns its outputs on the CPU, so a rank's hidden states
-(B_local x S x d, the model's dtype) make one round trip to host memory before the credit functions run on
-the GPU; DelTA then holds its proxies v (N_local x d, float32) for its centroid passes. No extra forward:
-the capture rides verl's own old-log-prob forward (and, with LoRA, its reference forward). Ulysses sequence
+Cost [ours]: no rollout's hidden states outlive its micro-batch. The credit functions that hold a d-vector per
+token have a streamed form (``algos.credit.base.credit_stream``): each micro-batch's h_t (and h_t^base) feed
+per-micro-batch sums inside the forward (:func:`stream_credit`) and are dropped, as the official DelTA code does
+(RUCBM/DelTA ``dp_actor.compute_log_prob_h``), so a rank's peak is one micro-batch's states plus O(d) statistics
+(``algos.credit.delta.delta_pass_peak_bytes``) and per-token scalars, whatever its rollouts. The price is forwards:
+DelTA re-runs the old-log-prob forward once per statistics pass (``delta_passes``: K + 3 in all, as the official
+code; the first is verl's own), ARCA's reference forward is the one verl would run anyway. Only ``verl.sp_check``
+(a smoke-scale check) still gathers every token's state. Ulysses sequence
 parallelism (sp > 1): each rank's LM-head input is its shard of the packed sequence; the engine's
-``_gather_and_unpad_packed`` all-gathers it over the sp group exactly as it gathers ``log_probs``, and verl returns
-outputs from sp rank 0 only, so the credit runs there (statistics all-reduced over the ranks that hold data).
+``_gather_and_unpad_packed`` all-gathers it over the sp group exactly as it gathers ``log_probs``, so every sp rank
+feeds the streams the same micro-batch (each data-parallel group reduces its own copy of the statistics) and verl
+returns outputs from sp rank 0 only, where the weights are assembled.
 Not supported: fused LM-head kernels (``use_fused_kernels``: no LM-head call).
 
 What can run on CPU is tested (tests/test_verl_plugin.py): the capture through verl's real
 ``FSDPEngineWithLMHead.forward_step`` on a tiny Qwen3 model (with a real peft LoRA adapter on and off),
-:func:`credit_pass` on it, and :func:`worker_credit` on two data-parallel shards with a summing all-reduce.
+:func:`credit_pass` on it, and :func:`worker_credit` on two data-parallel shards with a summing all-reduce;
+tests/test_credit_stream.py: :func:`credit_pass` through verl's own micro-batching (fixed and dynamic sizes)
+equals the in-memory credit, and its peak memory does not grow with the rollouts.
 The worker class itself needs verl's GPU worker group.
 """
 
@@ -52,7 +59,14 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from creditlab.algos.credit.arca import adapter_residual_norm
-from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
+from creditlab.algos.credit.base import (
+    CreditInputs,
+    compose_credit,
+    credit_inputs_of,
+    credit_stream,
+    method_entries,
+    named_inputs,
+)
 from creditlab.engines.verl.plugin import (
     DP_STATS,
     group_index,
@@ -293,9 +307,112 @@ def _padded(nt: Tensor, value: float = 0.0) -> Tensor:
     return torch.nested.to_padded_tensor(nt, value) if nt.is_nested else nt
 
 
+STREAM_KEY = "creditlab_stream_{}"
+"""Model-output field of the j-th credit stream's final-pass values (nested over response tokens, per micro-batch)."""
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+REF_LOGP_KEY, RESIDUAL_KEY, BASE_HIDDEN_KEY = "creditlab_ref_lp", "creditlab_residual", "creditlab_base_hidden"
+"""Model-output fields of the per-micro-batch reference forward (adapter disabled): its log-probs (full sequences,
+like ``log_probs``), ||h - h_base|| (response tokens) and, with ``keep_hidden``, its hidden states."""
+
+
+@contextmanager
+def stream_credit(
+    engine: Any, streams: list, *, ref: bool, keep_hidden: bool, lm_head: Tensor | None, k: int, rng: Any
+):
+    """While active, every forward of ``engine`` (one micro-batch) feeds the credit streams that are not done
+    (``algos.credit.base.credit_stream``: DelTA's statistics passes, ARCA's saliences) and then drops the
+    micro-batch's hidden states. A stream's final-pass values join the model output as ``STREAM_KEY.format(j)``
+    (nested over the micro-batch's response tokens), which verl's micro-batch reassembly orders like ``log_probs``.
+
+    ``ref``: the same micro-batch is forwarded again with the LoRA adapter disabled (``engine.disable_adapter()``,
+    verl's reference pass, made here per micro-batch so that h and h_base meet without holding the batch's): its
+    log-probs, ||h - h_base|| and, for the streams, ``ref_logp`` / ``base_hidden`` (REF_LOGP_KEY, RESIDUAL_KEY).
+    ``keep_hidden``: also keep ``hidden`` (and BASE_HIDDEN_KEY) in the model output, every token's state, for the
+    in-memory sp check (``verl.sp_check``). ``lm_head``/``k``: the top-K next tokens of each micro-batch (DelTA's
+    top-K proxy).
+
+    Micro-batch inputs, on the device: responses, mask, old_logp (, ref_logp) Tensor[B_mb, T_mb] (padded response
+    positions), advantages Tensor[B_mb] (the trainer's ``creditlab_seq_adv``), hidden (, base_hidden)
+    Tensor[B_mb, T_mb, d], rng."""
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+    live = [(j, s) for j, s in enumerate(streams) if not s.done]
+    nested = [False]
+    with capture_final_hidden(engine):
+        inner = engine.prepare_model_outputs  # the capturing one
+
+        def prepare_model_outputs(output, output_args, micro_batch, logits_processor_func):
+            model_output = inner(output, output_args, micro_batch, logits_processor_func)
+            if nested[0]:  # the reference forward below
+                return model_output
+            hidden_nt = model_output["hidden"] if keep_hidden else model_output.pop("hidden")
+            if not live and not ref:
+                return model_output
+            device = _device()
+            mask_nt = micro_batch["response_mask"]
+
+            def resp(nt: Tensor) -> Tensor:
+                return _padded(response_from_nested(nt, mask_nt)).to(device)
+
+            mb = dict(
+                responses=_padded(micro_batch["responses"]).to(device),
+                mask=_padded(mask_nt).to(device).float(),
+                old_logp=resp(model_output["log_probs"]),
+                advantages=micro_batch[SEQ_ADV].reshape(-1).float().to(device),
+                hidden=resp(hidden_nt),
+                rng=rng,
+            )
+            del hidden_nt
+            if ref:
+                nested[0] = True
+                try:
+                    with engine.disable_adapter():
+                        _, ref_out = engine.forward_step(micro_batch, loss_function=None, forward_only=True)
+                finally:
+                    nested[0] = False
+                ref_out = ref_out["model_output"]
+                base_nt = ref_out.pop("hidden")
+                mb["base_hidden"], mb["ref_logp"] = resp(base_nt), resp(ref_out["log_probs"])
+                model_output[REF_LOGP_KEY] = ref_out["log_probs"]
+                residual = adapter_residual_norm(mb["hidden"], mb["base_hidden"]).float() * mb["mask"]
+                model_output[RESIDUAL_KEY] = response_to_nested(residual, mask_nt)
+                if keep_hidden:
+                    model_output[BASE_HIDDEN_KEY] = base_nt
+                del base_nt
+            if lm_head is not None:
+                mb["topk_logp"], mb["topk_ids"] = topk_logprobs(mb["hidden"], lm_head, k)
+                mb["lm_head"] = lm_head
+            for j, s in live:
+                vals = s.update(**named_inputs(s.update, mb))
+                if vals is not None:
+                    model_output[STREAM_KEY.format(j)] = response_to_nested(vals, mask_nt)
+            return model_output
+
+        engine.prepare_model_outputs = prepare_model_outputs
+        try:
+            yield
+        finally:
+            engine.prepare_model_outputs = inner
+
+
+def _end_passes(streams: list) -> None:
+    for s in streams:
+        if not s.done:
+            s.end_pass()
+
+
 def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
-    """``compute_log_prob`` with credit: verl's ``TrainingWorker.infer_batch`` under hidden capture (and again
-    with the adapter disabled when ``spec["fused_ref"]``), then :func:`worker_credit`.
+    """``compute_log_prob`` with credit: verl's ``TrainingWorker.infer_batch`` feeding the credit streams
+    (:func:`stream_credit`; with ``spec["fused_ref"]`` each micro-batch is forwarded again with the adapter
+    disabled), again for each further statistics pass they need (``algos.credit.delta.delta_passes``: the official
+    compute_log_prob_h's K + 3 forwards, the first being verl's own), then :func:`worker_credit` for the credit
+    functions without a streamed form, on per-token outputs. No rollout's hidden states outlive its micro-batch,
+    except with ``spec["sp_check"]`` (the in-memory credit on every token's state, against the sp=1 forward).
 
     worker: the ``ActorRolloutRefWorker`` (``worker.actor`` is its ``TrainingWorker``); data: this rank's
     TensorDict from TransferQueue (nested ``responses``, ``response_mask``, the trainer's ``creditlab_seq_adv``,
@@ -308,71 +425,85 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
     sp_check = bool(spec.get("sp_check")) and bool(getattr(engine, "use_ulysses_sp", False))
     plain = unsharded_hidden(engine, data) if sp_check else None  # before the early return: every rank forwards
     k = spec_topk(spec)
-    lm_head = full_lm_head(engine) if k else None  # likewise: FSDP gathers the weight on every rank
-    with capture_final_hidden(engine):
+    device = _device()
+    lm_head = full_lm_head(engine).to(device) if k else None  # likewise: FSDP gathers the weight on every rank
+    reduce, rank = None, 0
+    if dist.is_initialized():  # verl's workers: always; the sums go over the data-parallel group
+        group = engine.get_data_parallel_group()
+        reduce, rank = dp_all_reduce(group), dist.get_rank(group)
+    dp_stats = spec.get("dp_stats", "rank")
+    if dp_stats not in DP_STATS:
+        raise ValueError(f"credit spec dp_stats={dp_stats!r}; valid choices: {list(DP_STATS)}")
+    extra = {"all_reduce": reduce} if reduce is not None and dp_stats == "global" else {}
+    streams, rest = [], {kind: [] for kind in ("credit", "token_filter")}
+    for kind in rest:
+        for entry, (fn, kw) in zip(spec.get(kind) or [], method_entries(kind, spec.get(kind))):
+            s = None if sp_check else credit_stream(fn, kw, extra)  # sp check: the in-memory path
+            if s is not None:
+                streams.append((kind, s))
+            else:
+                rest[kind].append(entry)
+    fused_ref = bool(spec.get("fused_ref"))
+    rng = torch.Generator().manual_seed(step_seed(int(spec.get("seed", 0)), int(spec.get("step", 0)), 20_000 + rank))
+    live = [s for _, s in streams]
+    refs_later = fused_ref and any({"ref_logp", "base_hidden"} & set(credit_inputs_of(s.update)) for s in live)
+    outputs = []
+    with stream_credit(engine, live, ref=fused_ref, keep_hidden=sp_check, lm_head=lm_head, k=k, rng=rng):
         out = worker.actor.infer_batch(data)
-        ref = None
-        if spec.get("fused_ref"):
-            tu.assign_non_tensor(data, no_lora_adapter=True)  # verl's adapter-disabled reference pass
-            ref = worker.actor.infer_batch(data)
+    outputs.append(out)
+    _end_passes(live)
+    if any(not s.done for s in live):  # the further statistics passes: forwards only, no entropy
+        entropy_flag = tu.get_non_tensor_data(data=data, key="calculate_entropy", default=False)
+        tu.assign_non_tensor(data, calculate_entropy=False)
+        while any(not s.done for s in live):
+            with stream_credit(engine, live, ref=refs_later, keep_hidden=False, lm_head=lm_head, k=k, rng=rng):
+                outputs.append(worker.actor.infer_batch(data))
+            _end_passes(live)
+        tu.assign_non_tensor(data, calculate_entropy=entropy_flag)
     if out is None:  # not the output rank of its Ulysses group (verl returns outputs from sp rank 0 only): the
         return None  # hidden states were all-gathered there; this rank's peers in other groups skip alike
-    # the credit computation (and NCCL's all-reduce) on this rank's GPU
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     mask_nt = data["response_mask"]
 
     def resp(nt: Tensor) -> Tensor:  # full-sequence nested -> padded response positions, on device
         return _padded(response_from_nested(nt, mask_nt)).to(device)
 
     mask = _padded(mask_nt).to(device).float()
-    hidden = resp(out["hidden"])
-    base_hidden = resp(ref["hidden"]) if ref is not None else None
+    hidden = resp(out["hidden"]) if sp_check else None
+    base_hidden = resp(out[BASE_HIDDEN_KEY]) if sp_check and fused_ref else None
     entropy = resp(out["entropy"]) if "entropy" in out.keys() else None
     adv = data[SEQ_ADV].reshape(-1).float().to(device)
-    reduce, rank = None, 0
-    if dist.is_initialized():  # verl's workers: always; the sums go over the data-parallel group
-        group = engine.get_data_parallel_group()
-        reduce, rank = dp_all_reduce(group), dist.get_rank(group)
+    responses = _padded(data["responses"]).to(device)
     top = {}
-    if lm_head is not None:  # DelTA's top-K proxy: the K most probable next tokens from the captured h_t
-        lm_head = lm_head.to(device)
+    if lm_head is not None and sp_check:  # DelTA's top-K proxy on the in-memory path
         top_logp, top_ids = topk_logprobs(hidden, lm_head, k)
         top = {"topk_logp": top_logp, "topk_ids": top_ids, "lm_head": lm_head}
-    res = worker_credit(
-        spec,
-        responses=_padded(data["responses"]).to(device),
+    common = dict(
+        responses=responses,
         mask=mask,
         old_logp=resp(out["log_probs"]),
         advantages=adv,
         uids=list(data["uid"]),
         entropy=entropy,
-        hidden=hidden,
-        ref_logp=resp(ref["log_probs"]) if ref is not None else None,
+        ref_logp=resp(out[REF_LOGP_KEY]) if fused_ref else None,
         base_hidden=base_hidden,
         reduce=reduce,
         rank=rank,
-        **top,
     )
+    res = worker_credit({**spec, **rest}, hidden=hidden, **common, **top)
+    batch = dict(responses=responses, mask=mask, advantages=adv, rng=rng)
+    for j, (kind, s) in enumerate(streams):
+        nt = next(o[STREAM_KEY.format(j)] for o in outputs if o is not None and STREAM_KEY.format(j) in o.keys())
+        w = s.finish(_padded(nt).to(device), **named_inputs(s.finish, batch))
+        if kind == "credit":
+            res["weights"] = res["weights"] * w
+        else:
+            res["filter"] = w if res["filter"] is None else res["filter"] * w
     if plain is not None:  # the same credit from the sp=1 forward of this batch: how far Ulysses moved it
         plain_top = {}
         if lm_head is not None:  # the top-K proxy from the sp=1 hidden states too
             p_logp, p_ids = topk_logprobs(resp(plain), lm_head, k)
             plain_top = {"topk_logp": p_logp, "topk_ids": p_ids, "lm_head": lm_head}
-        ref_res = worker_credit(
-            spec,
-            responses=_padded(data["responses"]).to(device),
-            mask=mask,
-            old_logp=resp(out["log_probs"]),
-            advantages=adv,
-            uids=list(data["uid"]),
-            entropy=entropy,
-            hidden=resp(plain),
-            ref_logp=resp(ref["log_probs"]) if ref is not None else None,
-            base_hidden=base_hidden,
-            reduce=reduce,
-            rank=rank,
-            **plain_top,
-        )
+        ref_res = worker_credit(spec, hidden=resp(plain), **common, **plain_top)
         out[OUT_SP_CHECK] = torch.stack(
             [
                 ((res["weights"] - ref_res["weights"]).abs() * mask).amax(-1),
@@ -381,14 +512,15 @@ def credit_pass(worker: Any, data: TensorDict, spec: dict) -> TensorDict:
             ],
             -1,
         ).cpu()  # the scale the gap is read against
-    del out["hidden"]
     out[OUT_WEIGHTS] = response_to_nested(res["weights"].cpu(), mask_nt)
     if res["filter"] is not None:
         out[OUT_FILTER] = response_to_nested(res["filter"].cpu(), mask_nt)
-    if res["residual"] is not None:
-        out[OUT_RESIDUAL] = response_to_nested(res["residual"].float().cpu(), mask_nt)
-    if ref is not None:
-        out[OUT_REF] = ref["log_probs"]
+    if fused_ref:
+        out[OUT_RESIDUAL] = out[RESIDUAL_KEY]
+        out[OUT_REF] = out[REF_LOGP_KEY]
+    for key in [key for key in out.keys() if key == "hidden" or str(key).startswith("creditlab_")]:
+        if key not in (OUT_WEIGHTS, OUT_FILTER, OUT_RESIDUAL, OUT_REF, OUT_SP_CHECK):
+            del out[key]
     return out
 
 

@@ -7,7 +7,7 @@ directory is also the tokenizer's) and gives the three calls the evaluation need
 * :meth:`VllmEngine.generate`: n samples per prompt (or greedy), temperature / top-p, ``max_new_tokens``,
   per-request seeds, stop at ``eos_id``; token ids and each sampled token's log-prob;
 * :meth:`VllmEngine.prompt_logprobs`: teacher-forced log-probs of every prompt token after the first;
-* :meth:`VllmEngine.next_logprobs`: the full-vocabulary next-token log-probs [B, V] (the two-engine
+* :meth:`VllmEngine.next_logprobs`: the next-token log-probs [B, V], full or top-k (the two-engine
   selective decoder of :mod:`creditlab.engines.vllm.extrapolation` steps on these).
 
 Every call takes ``lora``: a peft adapter directory (a LoRA run's adapter,
@@ -329,25 +329,32 @@ class VllmEngine:
                 out.append([float(res.prompt_logprobs[t][tok].logprob) for t, tok in enumerate(p) if t > 0])
         return out
 
-    def next_logprobs(self, prompt_ids: Sequence[Sequence[int]], *, lora: str | Path | None = None):
-        """Next-token log-probs over the whole vocabulary after each prompt: float32 Tensor [B, V].
+    def next_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], *, lora: str | Path | None = None, k: int | None = None
+    ):
+        """Next-token log-probs after each prompt: float32 Tensor [B, V], over the whole vocabulary (``k`` None) or
+        the top-k view (-inf outside each row's k most probable tokens: what the selective decoder's
+        ``top_k_support=k`` reads, ``decoding.extrapolation.own_view``).
 
-        One ``LLM.generate`` call with ``max_tokens=1, logprobs=-1`` (vLLM returns all V log-probs; prefix
-        caching reuses the KV of the prompts' shared blocks across calls).
+        One ``LLM.generate`` call with ``max_tokens=1, logprobs=-1`` (vLLM returns all V log-probs) or ``logprobs=k``
+        (its top k, plus the sampled token, here the argmax: one of them); prefix caching reuses the KV of the
+        prompts' shared blocks across calls.
         """
         import torch
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=-1, detokenize=False, flat_logprobs=True)
+        want = self.vocab_size if k is None else min(int(k), self.vocab_size)
+        n_lp = -1 if k is None else want
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=n_lp, detokenize=False, flat_logprobs=True)
         outputs = self._run(prompt_ids, [params] * len(prompt_ids), lora)
         rows = torch.full((len(outputs), self.vocab_size), float("-inf"), dtype=torch.float32)
         seen = torch.zeros(rows.shape, dtype=torch.bool)
         for r, out in enumerate(outputs):
-            flat = out.outputs[0].logprobs  # FlatLogprobs: position 0 holds the V entries (+ the sampled one)
+            flat = out.outputs[0].logprobs  # FlatLogprobs: position 0 holds the requested entries (+ the sampled one)
             lo, hi = flat.start_indices[0], flat.end_indices[0]
             ids = torch.tensor(flat.token_ids[lo:hi])
             rows[r, ids] = torch.tensor(flat.logprobs[lo:hi], dtype=torch.float32)
             seen[r, ids] = True
-        if not bool(seen.all()):
-            raise RuntimeError("vLLM returned fewer than vocab_size log-probs for a position")
+        if bool((seen.sum(-1) < want).any()):
+            raise RuntimeError(f"vLLM returned fewer than {want} log-probs for a position")
         return rows

@@ -10,20 +10,22 @@ leave the window and waiting prompts take their place.
 
 The choice is creditlab's, not re-written here: :class:`creditlab.decoding.extrapolation.SelectiveRule`
 (criterion, threshold, direction, gamma, top-k support, temperature / top-p; its ``choose`` is the local
-decoder's step) on the engines' full-vocabulary log-probs, with the local decoder's pre-drawn uniform
+decoder's step) on the engines' log-probs, with the local decoder's pre-drawn uniform
 streams (:func:`creditlab.lm.sampler.draw_uniforms`, indexed by prompt and step). So the
-semantics are those of :func:`creditlab.decoding.extrapolation.selective_generate` (exact over the full
-vocabulary by default; ``top_k_support=K`` reproduces the official script's top-K view), and with the same
+semantics are those of :func:`creditlab.decoding.extrapolation.selective_generate`, and with the same
 seed this decoder chooses the same tokens as the local one, sampling included, up to floating-point
 differences between vLLM's and transformers' forwards (a token at a CDF boundary or an argmax tie).
-Differences from the official script, by design: the engines' log-probs are requested over the whole
-vocabulary (``logprobs=-1``; the script asks for the top 50), so the criteria are exact; the proposal is
-drawn by the rule from pi_dec, not by vLLM's own sampler; randomness comes from creditlab's streams
+View: with ``top_k_support=K`` (the paper-scale default, K = 50: the official script's ``logprobs=50``) each engine
+is asked for its top-K log-probs only and the rule reads them as the local decoder reads its full rows cut to the
+same view; ``top_k_support=None`` (the tiny default) asks for the whole vocabulary (``logprobs=-1``).
+Differences from the official script, by design: the proposal is
+drawn by the rule from pi_dec's top-K (full view: from pi_dec), not by vLLM's own sampler from the full
+distribution; randomness comes from creditlab's streams
 (the script: vLLM's seed for the proposal, ``np.random`` for the resample).
 
-Cost: every step is two ``LLM.generate`` calls over the window; returning V log-probs per position is
-cheap for the tiny vocabularies (~30-60 tokens) but would dominate at a 151k-token vocabulary (see
-docs/cluster.md, "vLLM evaluation").
+Cost: every step is two ``LLM.generate`` calls over the window, each returning K log-probs per sequence (V with
+the full view: cheap for the tiny vocabularies, ~30-60 tokens, but ~152k per sequence per token per engine for
+Qwen2.5; see docs/cluster.md, "vLLM evaluation").
 """
 
 from __future__ import annotations
@@ -93,11 +95,11 @@ def selective_decode(
         bar = progress_bar(n, "vllm selective decoding", enabled=True)
     while active:
         contexts = [prompts[i] + responses[i] for i in active]
-        lp_dec = primary.next_logprobs(contexts, lora=primary_lora)
-        lp_other = secondary.next_logprobs(contexts, lora=secondary_lora)
+        lp_dec = primary.next_logprobs(contexts, lora=primary_lora, k=rule.top_k_support)
+        lp_other = secondary.next_logprobs(contexts, lora=secondary_lora, k=rule.top_k_support)
         rows = torch.tensor(active)
         steps = torch.tensor([len(responses[i]) for i in active])
-        tokens, flags = rule.choose([lp_dec, lp_other], uniforms[rows, steps])
+        tokens, flags = rule.choose_logprobs([lp_dec, lp_other], uniforms[rows, steps])
         counts[rows] += flags.long()
         still = []
         for i, tok in zip(active, tokens.tolist()):
