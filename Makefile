@@ -67,8 +67,8 @@ test-fast: install
 
 # ruff (lint + format), snakefmt, the layers of DESIGN.md (import-linter contracts in pyproject.toml), snakemake --lint
 lint: install
-	$(BIN)/ruff check src tests benchmarks tools
-	$(BIN)/ruff format --check src tests benchmarks tools
+	$(BIN)/ruff check src tests benchmarks tools examples
+	$(BIN)/ruff format --check src tests benchmarks tools examples
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/lint-imports
 	$(BIN)/snakemake --lint

@@ -90,6 +90,7 @@ LONG_GROUPS = [
     "tests/test_resume.py",
     "tests/test_paper_scale.py",
     "tests/test_paper_eval.py",
+    "tests/test_example_method.py",  # ~3 min: after test_verl_smoke, so on the worker that runs everything else
 ]
 
 

@@ -32,6 +32,34 @@ from omegaconf import DictConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 """The repository's ``configs/`` (``run.yaml``, the config groups, ``papers/``, ``pipeline.yaml``)."""
+ENV_CONFIG_PATH = "CREDITLAB_CONFIG_PATH"
+"""Environment variable: more config directories (``os.pathsep``-separated), laid out as ``configs/`` (``method/``,
+``papers/``, any config group), searched after it; jobs inherit it from the Snakemake that plans them."""
+
+
+def extra_config_dirs(value: str | None = None) -> list[Path]:
+    """The config directories of ``$CREDITLAB_CONFIG_PATH`` (or ``value``), absolute, in order. ValueError naming the
+    entry for one that is no directory, or for a file in it that has the name of one of creditlab's own configs (a
+    method or paper config would silently lose to creditlab's, or shadow it)."""
+    import os
+
+    raw = os.environ.get(ENV_CONFIG_PATH, "") if value is None else value
+    dirs = [Path(d).expanduser().resolve() for d in raw.split(os.pathsep) if d.strip()]
+    for d in dirs:
+        if not d.is_dir():
+            raise ValueError(f"${ENV_CONFIG_PATH}: {str(d)!r} is not a directory")
+        for f in sorted(d.glob("*/*.yaml")):
+            if (CONFIG_DIR / f.parent.name / f.name).exists():
+                raise ValueError(
+                    f"${ENV_CONFIG_PATH}: {f} has the name of creditlab's configs/{f.parent.name}/{f.name}; rename it"
+                )
+    return dirs
+
+
+def search_path_overrides() -> list[str]:
+    """The Hydra override that adds :func:`extra_config_dirs` to the config search path (none when there are none)."""
+    dirs = extra_config_dirs()
+    return [f"hydra.searchpath={hydra_value([f'file://{d}' for d in dirs])}"] if dirs else []
 
 
 def run_args(
@@ -58,12 +86,14 @@ def _shrink(scale: str, config_dir: str) -> tuple[str, ...]:
 
 class CachedComposer:
     """Compose ``config_name`` of ``config_dir`` for many override lists (use as a context manager: it holds a Hydra
-    context, as ``hydra.initialize_config_dir`` does)."""
+    context, as ``hydra.initialize_config_dir`` does). Composing ``run``, the directories of ``$CREDITLAB_CONFIG_PATH``
+    are searched after ``config_dir`` (:func:`search_path_overrides`, read when the context is entered)."""
 
     def __init__(self, config_dir: str | Path, config_name: str) -> None:
         self.config_dir = str(Path(config_dir).resolve())
         self.config_name = config_name
         self._bases: dict[tuple[str, ...], DictConfig] = {}
+        self._searchpath: tuple[str, ...] = ()
         self._context = None
         self._repo = None
 
@@ -73,6 +103,8 @@ class CachedComposer:
 
         self._context = initialize_config_dir(config_dir=self.config_dir, version_base=None)
         self._context.__enter__()
+        # the user's config directories extend creditlab's run tree only (not another tree, e.g. verl's own)
+        self._searchpath = tuple(search_path_overrides()) if self.config_name == "run" else ()
         self._repo = GlobalHydra.instance().config_loader().repository
         return self
 
@@ -107,7 +139,7 @@ class CachedComposer:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
         groups, values = self.split(overrides)
-        key = tuple(o.input_line for o in groups)
+        key = tuple(o.input_line for o in groups) + self._searchpath
         if key not in self._bases:
             self._bases[key] = hydra_compose(config_name=self.config_name, overrides=list(key))
         cfg = copy.deepcopy(self._bases[key])

@@ -4,7 +4,8 @@ batching).
 Configs pick methods by name (``advantage: grpo``, ``loss: dapo``, ``credit: [dlogp]``); both engines
 look the function up here, so a method is written once. Unknown names fail with the valid choices. The method
 modules register themselves with :func:`register` when imported, and :mod:`creditlab.algos` imports all of them
-(its ``__init__`` runs before this module), so the tables are complete whenever this module is importable.
+(its ``__init__`` runs before this module), then the method modules of other packages (:mod:`creditlab.algos.plugins`),
+so the tables are complete whenever this module is importable.
 """
 
 from __future__ import annotations
