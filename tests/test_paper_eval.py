@@ -152,7 +152,14 @@ def test_hub_model_evaluation_through_vllm(hub_world, monkeypatch) -> None:
     result = evaluate_run(run, _small(cfg), w["results"], suites=list(SUITES), quiet=True)
 
     out = paths.fmt(paths.EVAL_DIR, results=w["results"], scale="paper", backbone=run.backbone, run="base", seed=0)
-    assert json.loads((out / "metrics.json").read_text())["suites"].keys() == SUITES.keys()
+    written = json.loads((out / "metrics.json").read_text())["suites"]
+    assert written.keys() == SUITES.keys()
+    # the code suite carries the sandbox tier that scored it, probed in this job (bwrap: tools/sysdeps.sh); only it
+    assert (
+        written["livecodebench-v6"]["sandbox"]["tier"] == "bwrap"
+        and written["livecodebench-v6"]["sandbox"]["isolating"]
+    )
+    assert all("sandbox" not in written[s] for s in SUITES if s != "livecodebench-v6")
     settings = result["settings"]
     assert settings["reward"] == KINDS and settings["chat_template"] is True  # one verifier per suite kind
     assert settings["eos_id"] == [w["tok"].eos_token_id, w["im_end"]]  # the checkpoint's generation_config stops

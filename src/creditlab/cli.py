@@ -1,6 +1,6 @@
 """``python -m creditlab <verb>``: the steps Snakemake runs (each also runs by hand).
 
-Verbs: prepare, init-tracking, warmup, train, evaluate, table, plan, show-config, mlflow-ui.
+Verbs: prepare, init-tracking, warmup, train, evaluate, table, plan, show-config, mlflow-ui, mlflow-server.
 Every verb takes ``--results`` (output root) and ``--scale``; run-level verbs identify a run by
 (backbone, run name, seed) and resolve everything else from ``configs/`` through the plan.
 """
@@ -8,10 +8,12 @@ Every verb takes ``--results`` (output root) and ``--scale``; run-level verbs id
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import yaml
 
+from creditlab.models.hub_cache import hub_cache_env
 from creditlab.plan import CONFIG_DIR, all_papers, build_plan
 from creditlab.scales import is_hub
 
@@ -167,6 +169,22 @@ def cmd_mlflow_ui(a: argparse.Namespace) -> None:
     mlflow_ui(a.results, a.port, a.workers)
 
 
+def cmd_mlflow_server(a: argparse.Namespace) -> None:
+    """Start an MLflow tracking server for a cluster: a SQL backend, artifacts on shared storage (docs/cluster.md)."""
+    from creditlab.jobs.tracking import mlflow_server
+
+    mlflow_server(
+        a.results,
+        backend_store_uri=a.backend_store_uri,
+        artifacts_destination=a.artifacts_destination,
+        host=a.host,
+        port=a.port,
+        workers=a.workers,
+        allowed_hosts=a.allowed_hosts,
+        accept_sqlite_on_network_fs=a.accept_sqlite_on_network_fs,
+    )
+
+
 # ----------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="creditlab", description=__doc__)
@@ -248,6 +266,19 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=5000)
     sp.add_argument("--workers", type=int, default=1, help="server worker processes (default 1)")
     sp.set_defaults(fn=cmd_mlflow_ui)
+    sp = sub.add_parser("mlflow-server", help=cmd_mlflow_server.__doc__)
+    sp.add_argument(
+        "--backend-store-uri",
+        help="runs and metrics: postgresql://user:pw@host/db on a cluster (default: SQLite <results>/mlflow-server/"
+        "mlflow.db, written by this server only; refused on a network filesystem)",
+    )
+    sp.add_argument("--artifacts-destination", help="artifact root on shared storage (default <results>/mlartifacts)")
+    sp.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0: reachable from the nodes)")
+    sp.add_argument("--port", type=int, default=5000)
+    sp.add_argument("--workers", type=int, default=4, help="server worker processes (default 4)")
+    sp.add_argument("--allowed-hosts", help="Host headers answered (default: this host, localhost, private IPs)")
+    sp.add_argument("--accept-sqlite-on-network-fs", action="store_true", help="serve a SQLite file on NFS/Lustre/...")
+    sp.set_defaults(fn=cmd_mlflow_server)
     return p
 
 
@@ -255,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     if a.scale is None and a.verb in ("prepare", "warmup"):
         a.scale = _pipeline(a)["scale"]
+    if a.scale == "paper":  # by hand as under Snakemake: hub snapshots and datasets under the pipeline's hub_cache
+        os.environ.update(hub_cache_env(_pipeline(a).get("hub_cache"))[0])  # (a variable already set wins)
     a.fn(a)
 
 

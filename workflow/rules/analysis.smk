@@ -34,4 +34,4 @@ rule analysis:
         seeds=paper_seeds,
         spec=analysis_params,
     shell:
-        "{params.cli} --seeds {params.seeds} analyze --paper {wildcards.paper} --name {wildcards.analysis} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} --seeds {params.seeds} analyze --paper {wildcards.paper} --name {wildcards.analysis} > {log} 2>&1'

@@ -8,7 +8,7 @@ rule init_tracking:
     params:
         cli=CLI,
     shell:
-        "{params.cli} init-tracking > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} init-tracking > {log} 2>&1'
 
 
 rule prepare_data:
@@ -21,4 +21,4 @@ rule prepare_data:
     params:
         cli=CLI,
     shell:
-        "{params.cli} prepare > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} prepare > {log} 2>&1'

@@ -36,7 +36,7 @@ rule table:
         cli=CLI,
         seeds=paper_seeds,
     shell:
-        "{params.cli} --seeds {params.seeds} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} --seeds {params.seeds} table --paper {wildcards.paper} --table {wildcards.table} > {log} 2>&1'
 
 
 rule ledger:
@@ -68,7 +68,7 @@ rule ledger:
         claims=ledger_params,
         tables=ledger_tables,
     shell:
-        "{params.cli} --seeds {params.seeds} --tables {params.tables} ledger --paper {wildcards.paper} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} --seeds {params.seeds} --tables {params.tables} ledger --paper {wildcards.paper} > {log} 2>&1'
 
 
 rule figure:
@@ -93,7 +93,7 @@ rule figure:
         seeds=paper_seeds,
         fig=figure_params,
     shell:
-        "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1'
 
 
 rule token_credit_figure:
@@ -120,7 +120,7 @@ rule token_credit_figure:
         seeds=paper_seeds,
         fig=figure_params,
     shell:
-        "{params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} --seeds {params.seeds} figure --paper {wildcards.paper} --name {wildcards.figure} > {log} 2>&1'
 
 
 rule diagnose:
@@ -141,7 +141,7 @@ rule diagnose:
     params:
         cli=CLI,
     shell:
-        "{params.cli} diagnose --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
+        '"$CREDITLAB_PYTHON" {params.cli} diagnose --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} '
         "> {log} 2>&1"
 
 

@@ -48,6 +48,7 @@ from creditlab.tables.load import (
     load_step_times,
     load_steps_to,
     provenance,
+    sandbox_tiers,
     seed_averaged,
     seed_matrix,
 )
@@ -83,6 +84,7 @@ def _line(row: Row, backbone: str, column: Column, scale: str, seeds: Sequence[i
         "commits": "",
         "configs": "",
         "sources": "",
+        "sandbox": "",
         "verdict": "",
         "p_value": float("nan"),
         "p_adj": float("nan"),
@@ -133,6 +135,7 @@ def _eval_line(
         ours_hi=hi,
         n_questions=sum(len(v) for v in per_suite),
         left_out=SEP.join(left_out),
+        sandbox=sandbox_tiers(results, suites),
         **provenance(results),
     )
 
@@ -196,6 +199,7 @@ def _versus_lines(
                     seeds,
                     verdict="reference",
                     detail=f"reference: {ref_label}",
+                    sandbox=sandbox_tiers(mine, suites),
                     **common,
                     **provenance(mine),
                 )
@@ -216,6 +220,7 @@ def _versus_lines(
                 ours_lo=st[1],
                 ours_hi=st[2],
                 detail=f"{row.label} vs {ref_label} on {column.of}: {VERSUS_TEST}",
+                sandbox=sandbox_tiers(mine + theirs, suites),
                 **common,
                 **provenance(mine + theirs),
             )

@@ -38,6 +38,7 @@ LONG_COLUMNS = (
     "commits",
     "configs",
     "sources",
+    "sandbox",
     "verdict",
     "p_value",
     "p_adj",
@@ -51,6 +52,8 @@ column's paper benchmarks without a stand-in at this scale (";"-joined); detail:
 means, for steps_to the value of every seed (`>N` = never reached in its N steps); censored: how many of
 the row's seeds never reached a steps_to threshold (counted at N: the mean is then a lower bound);
 ref_censored: the same for the relative_to run's seeds (0 for every other cell); sources: the files read;
+sandbox: the code sandbox tier(s) the cell's code suites were scored under (one per seed, from the evaluations'
+metrics.json; empty for a cell without code);
 verdict / p_value / p_adj: a versus cell's claim ("beats <ref>", "worse than <ref>", "noise", "reference"), its
 two-sided p and its Holm-adjusted p over the table's versus cells (ours_mean: the difference in percentage points,
 ours_lo / ours_hi: its 95% paired-bootstrap interval; unit "pp vs <run>")."""

@@ -338,6 +338,7 @@ CELL_COLUMNS = (
     "commits",
     "configs",
     "mlflow_links",
+    "sandbox",
 )
 CLAIM_COLUMNS = ("claim_id", "claim_text", "claim", "test", "verdict", "comparisons", "note")
 LEDGER_COLUMNS = CELL_COLUMNS + CLAIM_COLUMNS
@@ -384,6 +385,7 @@ def build_ledger(
                     "mlflow_links": SEP.join(
                         links.get(i, i) for i in dict.fromkeys(split_field(get("mlflow_run_ids")))
                     ),
+                    "sandbox": SEP.join(dict.fromkeys(split_field(get("sandbox")))),
                 }
             )
     results = [evaluate_claim(paper, c, scale, seeds, evals_dir, k, runs_dir) for c in paper.claims]
@@ -518,6 +520,10 @@ def ledger_markdown(paper: PaperSpec, scale: str, df: pd.DataFrame, results: lis
                 ]
             )
         )
+    coded = [c for c in cells.itertuples(index=False) if split_field(getattr(c, "sandbox", ""))]
+    if coded:  # code suites' results are only as safe and as right as the sandbox that ran them
+        lines += ["", "Code cells, scored by executing the generated programs, and the sandbox tier that ran them:", ""]
+        lines += [f"- {c.table} / {c.row} / {c.column}: {', '.join(split_field(c.sandbox))}" for c in coded]
     return "\n".join(lines) + "\n"
 
 

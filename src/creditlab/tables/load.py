@@ -291,6 +291,18 @@ def seed_matrix(results: Sequence[dict[str, Any]], suite: str, metric: str) -> n
     return np.stack(per_seed, axis=1)
 
 
+def sandbox_tiers(results: Sequence[dict[str, Any]], suites: Sequence[str]) -> str:
+    """The code sandbox tier(s) `suites` were scored under in the seeds' evaluations, one entry per seed (a tier
+    with its acceptance, ``process (accepted)``, when a weaker tier was accepted in words); "" when none is code."""
+    per_seed = []
+    for r in results:
+        recs = [(r.get("suites") or {}).get(s, {}).get("sandbox") for s in suites]
+        tiers = [f"{x['tier']} (accepted)" if x.get("accepted") else str(x["tier"]) for x in recs if x]
+        if tiers:
+            per_seed.append("+".join(dict.fromkeys(tiers)))
+    return SEP.join(per_seed)
+
+
 def provenance(results: Sequence[dict[str, Any]]) -> dict[str, str]:
     """Join the provenance fields of the seeds' results, one value per seed."""
     provs = [r.get("provenance") or {} for r in results]

@@ -395,6 +395,9 @@ def _provenance_lines(df: pd.DataFrame, spec: TableSpec) -> list[str]:
             line += f"; step times from {', '.join(f'`{s}`' for s in steps)}"
         if rewards:
             line += f"; training rewards from {', '.join(f'`{s}`' for s in rewards)}"
+        tiers = unique(split(read["sandbox"])) if "sandbox" in read else []
+        if tiers:  # the code sandbox tier the row's code suites were scored under
+            line += f"; code scored under sandbox tier {', '.join(tiers)}"
         lines.append(line)
     return lines
 

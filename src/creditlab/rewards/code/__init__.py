@@ -12,6 +12,9 @@ One job per module (importing this package imports none of them):
 * :mod:`~creditlab.rewards.code.sandbox` -- process isolation: the tier (bubblewrap, ``unshare``,
   plain process), its interpreter and uid, the command that starts the harness, teardown,
   :func:`sandbox_report`.
+* :mod:`~creditlab.rewards.code.policy` -- whether the tier probed here may score code (refused: ``none``
+  anywhere; at paper scale a tier weaker than bwrap, unless accepted in words) and the record that goes with every
+  code result.
 * :mod:`~creditlab.rewards.code.protocol` -- the parent's side of the harness protocol: nonce-checked
   answers under deadlines, validated and turned into verdicts.
 * :mod:`~creditlab.rewards.code.runner` -- :func:`run_tests` (one solution, one sandbox) and

@@ -49,7 +49,8 @@ Every tier:
    filter that cannot be installed is a ``sandbox_error``).
 
 Fallback tiers when bwrap is missing or fails its probe (any tier can be forced with env
-``CREDITLAB_CODE_SANDBOX=bwrap|unshare|process``; ``auto`` is the default):
+``CREDITLAB_CODE_SANDBOX=bwrap|unshare|process``; ``auto`` is the default; whether an evaluation may score code under
+the tier it gets is :mod:`creditlab.rewards.code.policy`'s to say):
 
 * ``unshare`` (util-linux ``unshare --user --net --pid --mount-proc`` behind
   ``setpriv --pdeathsig KILL``): pid + network namespaces, as root under a unique unprivileged
