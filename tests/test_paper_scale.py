@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import shutil
 import sys
 import time
 import types
@@ -21,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from creditlab import paths
+from creditlab import allocation, paths
 from creditlab.config_compose import CachedComposer
 from creditlab.engines.verl import launch
 from creditlab.plan import BASE_RUN, CONFIG_DIR, PlanError, build_plan, check_registered, run_args, run_config
@@ -370,7 +372,10 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     But the runs the plan refuses (creditlab.plan.RunRefused: DFPO's Qwen3-Next-80B-A3B rows, whose Gated DeltaNet
     layers verl 0.9.1 would train wrong, tests/test_suspected_qwen3_next.py): no job trains, evaluates or warms up that
     backbone, DFPO's Table 1 (which reads them) is not built, its other tables, figure and ledger are, and the DAG
-    prints the refused runs' keys and the reason (tests/test_plan_refusals.py: the same at plan level)."""
+    prints the refused runs' keys and the reason (tests/test_plan_refusals.py: the same at plan level). So are the
+    evaluations longer than the site's job limit (creditlab.resources.eval_time, tests/test_eval_time.py: DelTA's Olmo 3
+    transfer evaluations, Paper A's selective decodings with a window ten times one engine's KV cache) and the tables
+    reading them. Each evaluation job's wall time is its estimate, printed in the `creditlab resources:` lines."""
     import re
     import subprocess
 
@@ -416,7 +421,12 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         "total": 296,
     }, counts
     refused = [f"paper/qwen3-next-80b-a3b/{r}/s{s}" for r in ("gspo", "dfpo") for s in range(5)]
-    (note,) = [line for line in out.splitlines() if line.startswith("creditlab: ")]
+    notes = [line for line in out.splitlines() if line.startswith("creditlab: ")]
+    (note,) = [line for line in notes if line.startswith("creditlab: table dfpo/main ")]
+    # the only table left out: resources fit once the G = 16 rows run at Ulysses sp 16, Paper A's decodings at 48
+    # sequences a step and Olmo 3's evaluations on 4 GPUs (configs/papers/*.yaml; refused before those overrides)
+    assert [n.split(" reads ")[0] for n in notes if n.startswith("creditlab: table ")] == ["creditlab: table dfpo/main"]
+    assert any(n.startswith("creditlab: hub_cache ") and "backbone snapshots" in n for n in notes)
     assert note.startswith(
         "creditlab: table dfpo/main reads runs refused at scale 'paper', not built: " + ", ".join(refused) + ": "
         "model.arch.family=qwen3_next (linear-attention layers) would train on wrong log-probs under verl 0.9.1: "
@@ -430,6 +440,14 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
     assert re.search(r"^Shell command: .* --tables dfpo/group_size,dfpo/compute ledger --paper dfpo ", out, re.M)
     assert re.search(r"^    output: .*/paper/figures/dfpo/figure_group_size_bars\.png$", out, re.M)
     jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+    # the resource lines: every run's, then every evaluation job's hours and the wall time its rule asks for
+    res_lines = [
+        line.removeprefix("creditlab resources: ") for line in out.splitlines() if "creditlab resources: " in line
+    ]
+    assert any(line.startswith("totals (runs not refused): ") for line in res_lines)
+    first = res_lines.index(next(line for line in res_lines if line.startswith("evaluation jobs ")))
+    wall = {line.split()[0]: line.split() for line in res_lines[first + 2 :] if line.startswith("paper/")}
+    assert wall["paper/qwen3-8b-base/delta/s0"][-1] == "yes" and wall["paper/olmo3-7b-base/delta/s0"][-1] == "yes"
     checked = 0
     for rule, wildcards, resources in jobs:
         if rule not in ("train", "evaluate", "evaluate_decode"):
@@ -438,10 +456,18 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         res = dict(kv.split("=", 1) for kv in resources.split(", "))
         cfg = run_config(paper_plan.get(w["backbone"], w["run"], int(w["seed"])))
         v = cfg["model"]["verl"]
-        want = v["nnodes"] * v["n_gpus_per_node"] if rule == "train" else v["rollout_tp"]
+        want = (
+            v["nnodes"] * v["n_gpus_per_node"]
+            if rule == "train"
+            else cfg["eval"]["vllm"]["extra"]["tensor_parallel_size"]
+        )
         assert int(res["gpu"]) == want, (rule, w, res)
+        if rule == "evaluate":  # its estimate's wall time (1.5 x hours + 20 min), within the site's 48 h
+            key = paths.run_key("paper", w["backbone"], w["run"], int(w["seed"]))
+            assert int(res["runtime"]) == int(wall[key][-2]) <= 48 * 60 and wall[key][-1] == "yes", (w, res)
         checked += 1
     assert checked == 121 + 113 + 19
+    assert int(wall["paper/qwen3-8b-base/delta/s0"][-2]) > 240  # MMLU-Pro and LiveCodeBench: issue 30
     print(f"paper-scale dry run: {seconds:.1f} s")
 
 
@@ -719,9 +745,19 @@ class _FakeVerl:
     """Stands in for creditlab.engines.verl.launch's process runner: 'trains' by writing what verl and the plug-in
     write (the checkpoint record, metrics.jsonl), 'merges' by writing final/; the real command builders are used."""
 
-    def __init__(self, steps_written=None, rc=0, lora_rank=64):
+    def __init__(self, steps_written=None, rc=0, lora_rank=64, pause=False, keep_steps=()):
         self.calls, self.steps_written, self.rc, self.lora_rank = [], steps_written, rc, lora_rank
-        for name in ("RunPaths", "preflight", "steps_done", "merge_command", "merge_env", "finish_merged"):
+        self.pause, self.keep_steps = pause, keep_steps  # pause: stop as the trainer does at an allocation's end
+        names = (
+            "RunPaths",
+            "preflight",
+            "steps_done",
+            "merge_command",
+            "merge_env",
+            "finish_merged",
+            "prune_checkpoints",
+        )
+        for name in names:
             setattr(self, name, getattr(launch, name))
 
     def verl_command(self, cfg, rp, **kw):
@@ -733,7 +769,14 @@ class _FakeVerl:
             kv = _kv(argv)
             ckpt = Path(kv["trainer.default_local_dir"])
             ckpt.mkdir(parents=True, exist_ok=True)
-            (ckpt / launch.LATEST).write_text(str(self.steps_written or kv["trainer.total_training_steps"]))
+            last = self.steps_written or int(kv["trainer.total_training_steps"])
+            (ckpt / launch.LATEST).write_text(str(last))
+            for step in (*self.keep_steps, last):  # verl's global_step_N/ directories (keep_checkpoints of them)
+                (ckpt / f"global_step_{step}" / "actor").mkdir(parents=True, exist_ok=True)
+            if self.pause:  # what CreditlabTrainer._allocation_check writes before it stops (creditlab.allocation)
+                clock = allocation.AllocationClock(time.time() + 600, 300)
+                clock.observe(step_s=200, save_s=100)
+                allocation.write_pause(ckpt, last, clock)
             run_dir = Path(kv["+creditlab.config_path"]).parent
             (run_dir / "metrics.jsonl").write_text('{"step": 0, "reward_mean": 0.5}\n')
         else:  # verl's merger on a LoRA checkpoint: the base weights in final/, the adapter in final/lora_adapter/
@@ -795,6 +838,71 @@ def test_train_at_paper_scale_hands_the_run_to_verl(tmp_path, monkeypatch, paper
     assert not paths.fmt(
         paths.RUN_DONE, results=results, scale="paper", backbone=short.backbone, run=short.run, seed=1337
     ).exists()
+
+
+def test_a_run_longer_than_its_allocation_pauses_requeues_and_prunes(tmp_path, monkeypatch, paper_plan):
+    """A verl run that stopped for its SLURM allocation's end (the trainer's pause record at the step it checkpointed)
+    requeues its own job with scontrol, bounded by trainer.allocation.max_requeues, and leaves its MLflow run
+    SCHEDULED; a crash requeues nothing; the next allocation finishes, and every checkpoint but the last is pruned."""
+    from mlflow.tracking import MlflowClient
+
+    from creditlab.jobs.train import AllocationEnded, train_verl
+    from creditlab.tracking.mlflow_tracker import tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    results, calls = tmp_path / "results", tmp_path / "scontrol.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    end = 1_900_000_000  # an allocation end (2030): the fake verl pauses whatever it is
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(end))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    run = paper_plan.get("qwen3-1.7b-base", "arca-r64", 1337)
+    cfg = run_config(run)
+    assert (
+        cfg["trainer"]["allocation"] == {"exit_grace_s": 900, "max_requeues": 20}
+        and cfg["trainer"]["prune_checkpoints"]
+    )
+    base = paths.fmt(paths.BASE_DONE, results=results, scale="paper", backbone=run.backbone)
+    base.parent.mkdir(parents=True)
+    base.write_text(json.dumps({"path": "/hf/snapshots/abc"}))
+    fill = dict(results=results, scale="paper", backbone=run.backbone, run=run.run, seed=1337)
+    run_dir, ckpt = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.CKPT_DIR, **fill)
+
+    paused = _FakeVerl(steps_written=40, rc=1, pause=True)
+    with pytest.raises(AllocationEnded, match="paused at step 40 of 100"):
+        train_verl(str(results), run, cfg, launcher=paused)
+    assert calls.read_text().split() == ["requeue", "4242"] and not (run_dir / "DONE").exists()
+    env = paused.calls[0][1]
+    assert env[allocation.ENV_DEADLINE] == str(float(end)) and env[allocation.ENV_EXIT_GRACE] == "900"
+    client = MlflowClient(tracking_uri(results))
+    assert client.get_run(env["MLFLOW_RUN_ID"]).info.status == "SCHEDULED"
+    # the bound: past max_requeues the job fails instead of requeueing again
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "20")
+    with pytest.raises(allocation.RequeueRefused, match="requeued 20 times"):
+        train_verl(str(results), run, cfg, launcher=_FakeVerl(steps_written=40, rc=1, pause=True))
+    # a crash (no pause record of the last checkpoint) is not a pause: no requeue
+    with pytest.raises(SystemExit, match="verl exited with status 3") as crash:
+        train_verl(str(results), run, cfg, launcher=_FakeVerl(steps_written=40, rc=3))
+    assert not isinstance(crash.value, AllocationEnded) and calls.read_text().split() == ["requeue", "4242"]
+    # the next allocation finishes the run: DONE, the MLflow run resumed and FINISHED, checkpoints but the last pruned
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    done = _FakeVerl(keep_steps=(40, 80))
+    train_verl(str(results), run, cfg, launcher=done)
+    assert done.calls[0][1]["MLFLOW_RUN_ID"] == env["MLFLOW_RUN_ID"]
+    assert client.get_run(env["MLFLOW_RUN_ID"]).info.status == "FINISHED"
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_100"]
+    assert allocation.read_pause(ckpt) is None and (run_dir / "DONE").is_file()
+    # trainer.prune_checkpoints: false keeps them
+    keep = {**cfg, "trainer": {**cfg["trainer"], "prune_checkpoints": False}}
+    (run_dir / "DONE").unlink()
+    shutil.rmtree(run_dir / "final")
+    shutil.rmtree(run_dir / "adapter")
+    train_verl(str(results), run, keep, launcher=_FakeVerl(keep_steps=(40, 80)))
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_100", "global_step_40", "global_step_80"]
 
 
 def test_warmup_at_paper_scale_fetches_and_checks_the_hub_model(tmp_path, monkeypatch):

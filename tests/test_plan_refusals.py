@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from creditlab import plan as plan_mod
 from creditlab.plan import PlanError, RunRefused, build_plan, check_analyses, validate_runs
+from creditlab.plan import runs as plan_runs
 
 pytest.importorskip("verl")  # the paper-scale refusal reads the verl launcher's overrides
 
 REPO = Path(__file__).resolve().parents[1]
-PIPE = {"papers": ["dfpo"], "seeds": [0], "results": "results", "scale": "paper"}
+# on H200s (141 GB): the refusals here are the backbone's; those of runs that do not fit: tests/test_resources.py
+PIPE = {"papers": ["dfpo"], "seeds": [0], "results": "results", "scale": "paper", "cluster": {"gpu_mem_gb": 141}}
 NEXT = "qwen3-next-80b-a3b"
 REFUSED = [f"paper/{NEXT}/{run}/s{seed}" for run in ("gspo", "dfpo") for seed in range(5)]  # Table 1's rows, 5 seeds
 
@@ -59,7 +60,16 @@ def test_python_m_creditlab_plan_shows_the_refusals(dfpo_paper, capsys):
     lines = capsys.readouterr().out.splitlines()
     marked = {line.split()[0] for line in lines if " REFUSED method=" in line}
     assert marked == set(REFUSED) and len([line for line in lines if " method=" in line]) == len(dfpo_paper.runs)
-    assert lines[-1] == dfpo_paper.notes()[0]
+    assert dfpo_paper.notes()[0] in lines
+    table = dfpo_paper.resource_lines()  # then the resource table (its totals add the hub cache's size) and the
+    n = next(i for i, line in enumerate(table) if line.startswith("totals (runs not refused): "))  # evaluation jobs'
+    shown = lines[-len(table) :]
+    assert (
+        shown[:n] == table[:n]
+        and shown[n].startswith("totals (runs not refused): ")
+        and shown[n + 1 :] == table[n + 1 :]
+    )
+    assert table[n + 1].startswith("evaluation jobs ") and table[-1].startswith("evaluation totals")
 
 
 def test_ledger_reports_the_refused_tables_claims_not_built(dfpo_paper, tmp_path):
@@ -99,14 +109,14 @@ def test_refused_runs_leave_out_their_tables_figures_and_analyses(monkeypatch):
     run, the figures drawn from those tables or from a refused run, the analyses of a refused run or reading a refused
     table are left out and said why; the others are kept, and no kept target reads a refused run."""
     first = {"micro/micro-m/delta/s0": "stand-in A", "micro/micro-s/arca-lora/s1": "stand-in B"}
-    check = plan_mod.check_verl_run
+    check = plan_runs.check_verl_run
 
     def refuse(cfg, key):
         if key in first:
             raise RunRefused(key, first[key])
         check(cfg, key)
 
-    monkeypatch.setattr(plan_mod, "check_verl_run", refuse)
+    monkeypatch.setattr(plan_runs, "check_verl_run", refuse)
     plan = build_plan({"papers": ["delta", "headtohead"], "seeds": [0], "results": "r", "scale": "micro"})
     assert plan.refused_runs == first
     assert plan.refused_tables == {

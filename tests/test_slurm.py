@@ -284,6 +284,63 @@ def test_micro_dag_through_sbatch(slurm_cluster, tmp_path):
     assert logs == set(submitted.values()), logs
 
 
+REQUEUE_RULE = """
+rule all:
+    input: "done.json"
+
+rule long_train:  # a training job whose allocation ends before its run: the first attempt requeues itself
+    output: "done.json"
+    shell: "{python} attempt.py"
+"""
+REQUEUE_ATTEMPT = """
+import json, os, sys, time
+from creditlab import allocation
+
+job = os.environ["SLURM_JOB_ID"]
+restarts = allocation.restart_count(job)  # SLURM_RESTART_COUNT is stripped by the jobstep executor: slurmctld's
+seen = dict(job=job, restarts=restarts, deadline=allocation.allocation_deadline(), now=time.time())
+with open(f"attempt{restarts}.json", "w") as f:
+    json.dump(seen, f)
+if restarts == 0:  # as the train job after verl paused: requeue this job, then end this attempt with an error
+    print(allocation.requeue(3), file=sys.stderr)
+    sys.exit(1)
+with open("done.json", "w") as f:
+    json.dump(seen, f)
+"""
+
+
+@pytest.mark.e2e
+def test_a_job_that_requeues_itself_is_waited_for_not_failed(slurm_cluster, tmp_path):
+    """creditlab.allocation on a real slurmctld (22.05, no SLURM_JOB_END_TIME): the job reads its allocation's end from
+    squeue, requeues itself with scontrol and exits 1, as the train job does when verl paused; the profile's SLURM
+    executor keeps waiting on the same job id (PENDING again, never FAILED), the second allocation finishes, and
+    Snakemake's run succeeds without a retry."""
+    cluster = slurm_cluster
+    prof = _test_profile(yaml.safe_load(PROFILE.read_text()), cluster)
+    prof["default-resources"]["runtime"] = 20  # minutes: the deadline the job must read back
+    profile_dir = tmp_path / "profile"
+    profile_dir.mkdir()
+    (profile_dir / "config.yaml").write_text(yaml.safe_dump(prof, sort_keys=False))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "Snakefile").write_text(REQUEUE_RULE.replace("{python}", sys.executable))
+    (work / "attempt.py").write_text(REQUEUE_ATTEMPT)
+    env = cluster.env | {"HF_HUB_OFFLINE": "1"}
+    bin_dirs = [str(cluster.bin), str(Path(sys.executable).parent)]
+    env["PATH"] = os.pathsep.join(bin_dirs + [p for p in env["PATH"].split(os.pathsep) if p not in bin_dirs])
+    cmd = ["timeout", "-k", "10", "400", SNAKEMAKE, "--directory", str(work), "--profile", str(profile_dir)]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=430)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:] + cluster.log_tail(15)
+    first, done = json.loads((work / "attempt0.json").read_text()), json.loads((work / "done.json").read_text())
+    assert done["job"] == first["job"] and done["restarts"] == 1  # the same SLURM job, requeued once
+    assert out.count("has been submitted with SLURM jobid") == 1 and "Trying to restart" not in out, out[-3000:]
+    # the deadline read from squeue: the job's start (at or before the first attempt's now) + its 20-minute limit
+    assert first["now"] < first["deadline"] <= first["now"] + 20 * 60 + 5, first
+    job = next(j for j in cluster.jobs() if j["JobId"] == first["job"])
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", job
+
+
 # ------------------------------------------------------------------------------------- the papers' shape
 
 

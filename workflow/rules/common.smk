@@ -10,6 +10,24 @@ import functools
 
 from creditlab.paths import run_key
 from creditlab.plan import BASE_RUN, PlanError, build_plan, composed_configs
+from creditlab.models.hub_cache import hub_cache_bytes, hub_cache_env
+from creditlab.rewards.code.policy import ACCEPT_ENV
+from creditlab.tracking.mlflow_tracker import tracking_uri
+from creditlab.tracking.store_safety import store_refusal
+
+# Cluster settings (docs/cluster.md, "Cluster settings"), checked before the plan. None is a param of any job, so
+# changing one re-runs nothing. A SQLite MLflow store on a network filesystem is refused at paper scale unless accepted.
+_store = config.get("mlflow_uri") or tracking_uri(config["results"])
+_refusal = store_refusal(_store, config["scale"], bool(config.get("accept_sqlite_on_network_fs")))
+if _refusal:
+    raise WorkflowError(f"invalid pipeline config: mlflow_uri: {_refusal}")
+if config.get("code_sandbox_accept"):  # a weaker code sandbox accepted in words, for the evaluation jobs
+    os.environ[ACCEPT_ENV] = config["code_sandbox_accept"]
+try:  # paper scale: where hub snapshots and datasets go, exported for the jobs (HF_HOME, CREDITLAB_HUB_RAW)
+    _hub_env, _hub_note = hub_cache_env(config.get("hub_cache")) if config["scale"] == "paper" else ({}, "")
+    os.environ.update(_hub_env)
+except ValueError as err:
+    raise WorkflowError(f"invalid pipeline config: hub_cache: {err}")
 
 try:
     PLAN = build_plan(config)  # validates every run's Hydra config before any job starts
@@ -31,7 +49,11 @@ if config.get("mlflow_uri"):
 # Jobs plan with every paper config (`--papers all`) and the seed of their own run, so that choosing
 # papers or adding seeds re-runs no finished job (the command is a param, and params trigger re-runs);
 # only tables and figures, which average over seeds, get a seed list: their paper's (`paper_seeds`).
-CLI = f"{sys.executable} -m creditlab --results {RESULTS} --scale {SCALE} --papers all"
+# The interpreter is neither in the param nor in the rule's text: shell lines start with "$CREDITLAB_PYTHON", this
+# Snakemake's interpreter, exported for the jobs (sbatch --export=ALL; a job's own Snakemake sets it again), so
+# another interpreter path or conda prefix re-runs nothing (docs/cluster.md, "Cluster settings", 3).
+os.environ.update(CREDITLAB_PYTHON=sys.executable)
+CLI = f"-m creditlab --results {RESULTS} --scale {SCALE} --papers all"
 
 
 def paper_seeds(wildcards):
@@ -64,6 +86,29 @@ def _run_cfg(backbone, run, seed):
     return _run_cfgs()[key]
 
 
+def run_config_digest(wildcards):
+    """A digest of a planned run's fully resolved config: the train rule's param, so that any change of what a run
+    is (its method, hyperparameters, data, model, evaluation settings) re-runs it, whatever changed upstream."""
+    import hashlib
+    import json
+
+    cfg = _run_cfg(wildcards.backbone, wildcards.run, wildcards.seed)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+if SCALE == "paper":  # where the hub cache is, and its size: the snapshots of the planned backbones (each once)
+    _snapshots = hub_cache_bytes(c for k, c in _run_cfgs().items() if k not in PLAN.refused_runs)
+    print(
+        f"creditlab: {_hub_note}; {len(_snapshots)} backbone snapshots, ~{sum(_snapshots.values()) / 1e9:.0f} GB",
+        file=sys.stderr,
+    )
+# paper scale: what each planned run costs (creditlab.resources: peak GPU memory per rank, host memory per node,
+# hours, checkpoint disk; a run that does not fit is in PLAN.refused_runs, with the numbers, in the notes above), and
+# each evaluation job's hours (an evaluation longer than the site's job limit is in PLAN.refused_evals)
+for _line in PLAN.resource_lines(sum(_snapshots.values()) if SCALE == "paper" else None):
+    print(f"creditlab resources: {_line}", file=sys.stderr)
+
+
 @functools.lru_cache(maxsize=None)
 def _train_size(backbone, run, seed):
     """(nodes, GPUs) of one training job: at paper scale the run's `model.verl` (nnodes x n_gpus_per_node, the
@@ -94,6 +139,15 @@ def train_step_gpus(wildcards):
     return gpus // nodes
 
 
+def train_runtime(wildcards):
+    """Wall time of one training job (sbatch -t, minutes): at paper scale from the run's resource estimate, within the
+    site's longest job (creditlab.resources.train_job_minutes; a longer run requeues itself); 60 below paper scale."""
+    from creditlab.resources import train_job_minutes
+
+    res = PLAN.resources.get(run_key(SCALE, wildcards.backbone, wildcards.run, int(wildcards.seed)))
+    return train_job_minutes(res, PLAN.cluster) if res is not None else 60
+
+
 @functools.lru_cache(maxsize=None)
 def _eval_gpus(backbone, run, seed):
     """GPUs of one evaluation job: at paper scale the run's eval.vllm.extra.tensor_parallel_size (vLLM shards the
@@ -107,6 +161,25 @@ def _eval_gpus(backbone, run, seed):
 
 def eval_gpus(wildcards):
     return _eval_gpus(wildcards.backbone, wildcards.run, wildcards.seed)
+
+
+def _eval_minutes(wildcards, decode, below_paper):
+    """Wall time of one evaluation job (sbatch -t, minutes): at paper scale from its estimate (creditlab.resources
+    eval_job_minutes: 1.5 x its hours + 20 min, within the site's longest job; a longer one is refused at plan time,
+    Plan.refused_evals); `below_paper` at tiny/micro (and for a job the plan did not estimate)."""
+    from creditlab.resources import eval_job_key, eval_job_minutes
+
+    key = eval_job_key(run_key(SCALE, wildcards.backbone, wildcards.run, int(wildcards.seed)), decode)
+    res = PLAN.eval_resources.get(key)
+    return eval_job_minutes(res, PLAN.cluster) if res is not None else below_paper
+
+
+def eval_runtime(wildcards):
+    return _eval_minutes(wildcards, None, 240)
+
+
+def decode_runtime(wildcards):
+    return _eval_minutes(wildcards, wildcards.decode, 480)
 
 
 def log_for(name):

@@ -12,10 +12,11 @@ rule evaluate:
     resources:
         mem_mb=3000,
         gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
+        runtime=eval_runtime,  # minutes: the job's estimate within the site's longest job (paper), else 240
     params:
         cli=CLI,
     shell:
-        "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1'
 
 
 rule evaluate_decode:
@@ -32,8 +33,9 @@ rule evaluate_decode:
     resources:
         mem_mb=3000,
         gpu=eval_gpus,  # per run (eval.vllm tensor parallelism at paper scale): the SLURM profile leaves it to the rule
+        runtime=decode_runtime,  # minutes: the decoding's estimate within the site's longest job (paper), else 480
     params:
         cli=CLI,
     shell:
-        "{params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} "
+        '"$CREDITLAB_PYTHON" {params.cli} evaluate --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} '
         "--decode {wildcards.decode} > {log} 2>&1"

@@ -14,7 +14,7 @@ rule warmup:
     params:
         cli=CLI,
     shell:
-        "{params.cli} warmup --backbone {wildcards.backbone} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} warmup --backbone {wildcards.backbone} > {log} 2>&1'
 
 
 rule train:
@@ -26,6 +26,9 @@ rule train:
         metrics=at_scale(paths.RUN_METRICS),
     log:
         log_for("train/{backbone}/{run}/s{seed}"),
+    # no re-submission of a failed run (a crash fails visibly; a re-run resumes from its checkpoint): a run that outlasts
+    # its allocation requeues itself before the end (creditlab.allocation), a preempted one is requeued by SLURM
+    retries: 0
     conda:
         ENV
     # one core at every scale (paper: SLURM's cpus_per_task counts). A smoke job's 2 verl ranks idle most of its wall
@@ -34,10 +37,12 @@ rule train:
     threads: 1
     resources:
         mem_mb=3000,
+        runtime=train_runtime,  # minutes: the run's estimate within the site's longest job (paper), else 60
         nodes=train_nodes,  # per run (model.verl at paper scale): the SLURM profile leaves these to the rule
         gpu=train_gpus,  # the job's GPUs (sbatch --gpus): nodes x GPUs per node
         gpus=train_step_gpus,  # its job step's (srun --gpus of the jobstep plugin): the first node's
     params:
         cli=CLI,
+        config=run_config_digest,  # the run's resolved config: a changed run config re-runs it
     shell:
-        "{params.cli} train --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1"
+        '"$CREDITLAB_PYTHON" {params.cli} train --backbone {wildcards.backbone} --run {wildcards.run} --seed {wildcards.seed} > {log} 2>&1'

@@ -24,6 +24,16 @@ def setup(cfg: dict[str, Any] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def judging_workers(env: dict[str, str] | None = None) -> int:
+    """Reward worker processes of an evaluation job: the cores it was granted but one (the sampler's client). SLURM's
+    ``SLURM_CPUS_PER_TASK`` (the profile's cpus_per_task of the evaluate rules), else the cores this process may run
+    on (``os.sched_getaffinity``: a Snakemake job on a workstation, a container's CPU set); at least one."""
+    env = os.environ if env is None else env
+    raw = env.get("SLURM_CPUS_PER_TASK", "")
+    cores = int(raw) if raw.isdigit() else len(os.sched_getaffinity(0))
+    return max(1, cores - 1)
+
+
 def write_json(obj: Any, path: Path) -> None:
     """Write ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,10 @@ import yaml
 
 from creditlab import paths
 from creditlab.data.io import read_records
-from creditlab.jobs.common import load_model, setup, sources, start_run_tracker, write_json
+from creditlab.jobs.common import judging_workers, load_model, setup, sources, start_run_tracker, write_json
 from creditlab.plan import run_config
 from creditlab.rewards.code.cases import parse_tests
+from creditlab.rewards.code.policy import SandboxRefused, code_sandbox
 from creditlab.rewards.code.runner import max_run_seconds
 from creditlab.rewards.routing import records_kind, reward_of_kind
 from creditlab.rewards.scorer import RewardScorer
@@ -141,6 +142,9 @@ def evaluate_run(
             "decode": settings | {"name": decode.name} if decode else None,
         }
         write_json(result, out / "metrics.json")
+        tiers = sorted({r["sandbox"]["tier"] for r in result["suites"].values() if r.get("sandbox")})
+        if tiers:  # the sandbox tier the code suites were scored under, also on the MLflow run
+            tracker.set_tags({f"{prefix}/code_sandbox": ",".join(tiers)})
         flat = {f"{prefix}/{s}/{m}": v["mean"] for s, r in result["suites"].items() for m, v in r["metrics"].items()}
         flat |= {
             f"{prefix}/{s}/replacement_rate": r["replacement_rate"]
@@ -175,11 +179,13 @@ def evaluate_suites(
 
     e, t = cfg["eval"], cfg["trainer"]
     rewards = {name: reward_of_kind(records_kind(recs, f"suite {name}"), t["reward"]) for name, recs in suites.items()}
+    sandbox = code_sandbox_record(rewards, cfg.get("scale"))
     with ExitStack() as stack:
         scorers = {
             reward: stack.enter_context(
                 RewardScorer(
                     reward,
+                    n_workers=judging_workers(),  # the job's granted cores (8 per evaluate job in the SLURM profile)
                     timeout_s=reward_timeout(
                         reward,
                         [r for n, recs in suites.items() if rewards[n] == reward for r in recs],
@@ -192,7 +198,7 @@ def evaluate_suites(
         params = SamplingParams(
             max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], top_p=e["top_p"], eos_id=eos_id, seed=seed
         )
-        return evaluate_model(
+        result = evaluate_model(
             model,
             tok,
             suites,
@@ -208,6 +214,24 @@ def evaluate_suites(
             chat=bool(e.get("chat_template", False)),
             chat_kwargs=e.get("chat_template_kwargs"),
         )
+    for name, reward in rewards.items():  # the sandbox tier goes with every code result (tables, ledger read it)
+        if reward == "code_exec" and name in result.get("suites", {}):
+            result["suites"][name]["sandbox"] = sandbox
+    return result
+
+
+def code_sandbox_record(rewards: dict[str, str], scale: str | None) -> dict[str, Any] | None:
+    """The sandbox record of an evaluation that scores code (suite -> reward ``rewards``; None when no suite is
+    code): the tier probed here, where the job runs, before any answer is scored. SystemExit with the reason and
+    what to install when it cannot score code (:func:`creditlab.rewards.code.policy.code_sandbox`: tier ``none``
+    at any scale; at paper scale a tier weaker than bwrap that ``code_sandbox_accept`` does not accept)."""
+    if "code_exec" not in rewards.values():
+        return None
+    try:
+        return code_sandbox(scale)
+    except (SandboxRefused, ValueError) as e:
+        code = sorted(n for n, r in rewards.items() if r == "code_exec")
+        raise SystemExit(f"cannot score the code suite(s) {code}: {e}") from None
 
 
 def reward_timeout(reward: str, records: list[dict], timeout_s: float) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from creditlab import paths
+from creditlab import allocation, paths
 from creditlab.data.io import read_records
 from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.trainer import Trainer, write_history
@@ -109,6 +109,9 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
     run_paths.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     steps = int(cfg["trainer"]["steps"])
     resumed_at = launch.steps_done(ckpt_dir) or None
+    alloc = cfg["trainer"]["allocation"]
+    allocation.clear_pause(ckpt_dir)
+    deadline = allocation.allocation_deadline()
     tracker = start_run_tracker(results, run, cfg, run_dir)
     with tracker:  # ends the MLflow run FAILED if anything below raises (SystemExit included)
         t0 = time.perf_counter()
@@ -119,6 +122,8 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
             tracking_uri=tracking_uri(Path(results)),
             num_cpus=slurm_cpus(),
         )
+        if deadline is not None:  # the trainer checkpoints and stops before the allocation ends (creditlab.allocation)
+            env[allocation.ENV_DEADLINE], env[allocation.ENV_EXIT_GRACE] = str(deadline), str(alloc["exit_grace_s"])
         print(
             f"{run.key}: {'resuming from step ' + str(resumed_at) if resumed_at else 'starting'}; "
             f"{' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}",
@@ -126,6 +131,9 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
             flush=True,
         )
         rc = launch.run_streaming(argv, env, cwd=run_dir)  # verl's Hydra writes its outputs/ under the run dir
+        pause = allocation.read_pause(ckpt_dir)
+        if rc != 0 and pause and pause["step"] == launch.steps_done(ckpt_dir):  # stopped for the allocation's end
+            raise pause_for_next_allocation(run.key, pause, steps, int(alloc["max_requeues"]))
         if rc != 0:
             raise SystemExit(
                 f"{run.key}: verl exited with status {rc}; its checkpoints stay in {ckpt_dir} and a "
@@ -156,6 +164,30 @@ def train_verl(results: str | Path, run, cfg: dict[str, Any], launcher=None) -> 
         "commit": git_commit(),
     }
     write_json(done, run_dir / "DONE")
+    if cfg["trainer"]["prune_checkpoints"]:
+        pruned = launch.prune_checkpoints(ckpt_dir, keep_step=done_steps)
+        if pruned:
+            print(f"{run.key}: final/ written; pruned checkpoints of steps {pruned}", file=sys.stderr, flush=True)
+
+
+class AllocationEnded(SystemExit):
+    """The verl run checkpointed a step and stopped before its SLURM allocation's end, and this job was requeued
+    (the next allocation resumes from that step). Its MLflow run stays resumable: SCHEDULED, not FAILED."""
+
+    mlflow_status = "SCHEDULED"
+
+
+def pause_for_next_allocation(key: str, pause: dict, steps: int, max_requeues: int) -> AllocationEnded:
+    """Requeue this SLURM job after a pause (creditlab.allocation.requeue: bounded, RequeueRefused outside SLURM),
+    log why, and return the exception that ends this attempt."""
+    line = allocation.requeue(max_requeues)
+    print(
+        f"{key}: the allocation ends in {pause['left_s']:.0f} s; step {pause['step']} of {steps} checkpointed "
+        f"(longest step {pause['step_s']:.0f} s, save {pause['save_s']:.0f} s); {line}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return AllocationEnded(f"{key}: paused at step {pause['step']} of {steps}; resumes in the next allocation")
 
 
 def slurm_cpus() -> int | None:

@@ -56,7 +56,7 @@ OFFLINE_FILE = "mlflow_offline.jsonl"
 PROBE_TIMEOUT_S = 3.0
 HTTP_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 STANDARD_TAGS = ("run_key", "paper", "table", "method", "backbone", "seed", "scale", "git_commit", "slurm_job_id")
-END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+END_STATUSES = ("FINISHED", "FAILED", "KILLED", "SCHEDULED")  # SCHEDULED: paused for its next SLURM allocation
 
 # MLflow's limits (mlflow.utils.validation), restated to keep the import lazy
 MAX_PARAM_VAL_LENGTH = 6000
@@ -689,5 +689,7 @@ class Tracker:
     ) -> None:
         if exc_type is KeyboardInterrupt:
             self.end("KILLED")
+        elif getattr(exc, "mlflow_status", None):  # e.g. a run paused for its next SLURM allocation: SCHEDULED
+            self.end(exc.mlflow_status)
         else:
             self.end("FAILED" if exc_type is not None else "FINISHED")

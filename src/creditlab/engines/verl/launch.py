@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -384,7 +385,8 @@ def verl_command(
     the driver's ``ray.init`` then joins ray_slurm's cluster (RAY_ADDRESS) and Ray refuses num_cpus/num_gpus there.
 
     `env` holds only the variables to set on top of the caller's environment: VERL_USE_EXTERNAL_MODULES (the
-    plug-in), and with `mlflow_run_id` MLFLOW_RUN_ID / MLFLOW_TRACKING_URI (verl's MLflow logger then logs into that
+    plug-in), CREDITLAB_METHOD_MODULES where the method config names method modules (`method.modules`), and with
+    `mlflow_run_id` MLFLOW_RUN_ID / MLFLOW_TRACKING_URI (verl's MLflow logger then logs into that
     run instead of creating one; without a run id, e.g. tracking offline, verl logs to the console only).
     `plugin_overrides` defaults to the plug-in's own (imported here, PluginUnavailable if absent); tests inject one.
     """
@@ -396,6 +398,10 @@ def verl_command(
         cpus = ["--num-cpus", str(int(num_cpus))] if num_cpus is not None else []
         argv = [python, "-m", RAY_SLURM, "--gpus-per-node", str(int(v["n_gpus_per_node"])), *cpus, "--", *argv]
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE}
+    if (run_cfg.get("method") or {}).get("modules"):  # method plug-ins named in the config, for every verl process
+        from creditlab.algos.plugins import ENV_MODULES, env_modules
+
+        env[ENV_MODULES] = ",".join([*env_modules(), *run_cfg["method"]["modules"]])
     if cpu.device_of(run_cfg) == "cpu":
         env.update(cpu.cpu_env())
     if mlflow_run_id is not None:
@@ -416,6 +422,21 @@ def steps_done(ckpt_dir: str | Path) -> int:
     """The last global step verl checkpointed in `ckpt_dir` (0 when it saved none)."""
     path = Path(ckpt_dir) / LATEST
     return int(path.read_text().strip()) if path.is_file() else 0
+
+
+def prune_checkpoints(ckpt_dir: str | Path, keep_step: int) -> list[int]:
+    """Delete every ``global_step_N/`` in `ckpt_dir` but `keep_step`'s (the one final/ was merged from); returns the
+    steps deleted. Called once final/ and DONE exist (trainer.prune_checkpoints): a 32B run's optimizer-state
+    checkpoints are ~0.5 TB each, and verl keeps trainer.keep_checkpoints of them."""
+    ckpt_dir, gone = Path(ckpt_dir), []
+    if steps_done(ckpt_dir) != keep_step or not (ckpt_dir / f"global_step_{keep_step}").is_dir():
+        raise ValueError(f"{ckpt_dir}: step {keep_step} is not its last checkpoint; nothing pruned")
+    for d in sorted(ckpt_dir.glob("global_step_*")):
+        step = d.name.removeprefix("global_step_")
+        if step.isdigit() and int(step) != keep_step and d.is_dir():
+            shutil.rmtree(d)
+            gone.append(int(step))
+    return sorted(gone)
 
 
 def merge_command(ckpt_dir: str | Path, step: int, target_dir: str | Path, python: str = sys.executable) -> list[str]:

@@ -37,12 +37,15 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E
 from verl.utils.config import validate_config  # noqa: E402
 from verl.utils.device import auto_set_device  # noqa: E402
 
+from creditlab.algos.plugins import ENV_MODULES  # noqa: E402
+from creditlab.allocation import ENV_DEADLINE, ENV_EXIT_GRACE  # noqa: E402
 from creditlab.engines.verl import plugin as _plugin  # noqa: E402
 from creditlab.engines.verl.plugin import ENV_RUN_CONFIG, TRAINER_MODE, run_config  # noqa: E402
 
 assert _plugin.PLUGIN_MODULE == PLUGIN_MODULE
 FORWARDED_ENV = (
     "VERL_USE_EXTERNAL_MODULES",
+    ENV_MODULES,
     ENV_RUN_CONFIG,
     "PYTHONPATH",
     "HF_HUB_OFFLINE",
@@ -54,6 +57,8 @@ FORWARDED_ENV = (
     "TOKENIZERS_PARALLELISM",
     "MLFLOW_TRACKING_URI",
     "MLFLOW_RUN_ID",
+    ENV_DEADLINE,
+    ENV_EXIT_GRACE,
 )
 """Environment variables every Ray worker must see (set in the job's runtime_env)."""
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import ray
@@ -62,6 +63,7 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 from creditlab.algos.batching import groups_split_frac
 from creditlab.algos.credit.arca import weight_diagnostics
 from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, TokenCredit, credit_inputs_of, method_entries
+from creditlab.allocation import AllocationClock, write_pause
 from creditlab.engines.verl.ordering import (
     content_order,
     flip_metrics,
@@ -152,6 +154,10 @@ LOSS_MASK = "creditlab_loss_mask"
 # the trainer
 
 
+class AllocationPaused(RuntimeError):
+    """The run stopped after checkpointing a step because its SLURM allocation ends (creditlab.allocation)."""
+
+
 @register_trainer(TRAINER_MODE)
 class CreditlabTrainer(PPOTrainerSync):
     """verl's V1 sync trainer with creditlab's batching, credit folding and diagnostics (module docstring).
@@ -189,15 +195,46 @@ class CreditlabTrainer(PPOTrainerSync):
             with open(tmp, "w") as f:
                 json.dump(table, f)
             os.replace(tmp, os.path.join(run_dir, "token_credit.json"))
-        if getattr(self, "_save_due", False):  # the step's checkpoint, after its line (see _save_checkpoint)
+        saved = getattr(self, "_save_due", False)
+        if saved:  # the step's checkpoint, after its line (see _save_checkpoint)
             self._save_due = False
-            self._save_checkpoint_now()
+            self._timed_save()
+        self._allocation_check(global_steps, float(timing_raw.get("step", 0.0)), saved)
         return out
+
+    def _timed_save(self) -> None:
+        t0 = time.time()
+        self._save_checkpoint_now()
+        self.allocation.observe(save_s=time.time() - t0)
+
+    def _allocation_check(self, global_steps: int, step_s: float, saved: bool) -> None:
+        """After step `global_steps` (its metrics written, `saved` if it checkpointed): when the allocation ends before
+        another step and save could (creditlab.allocation.AllocationClock), checkpoint this step if it did not, record
+        the pause in the checkpoint dir and stop at the next step's start (:meth:`on_step_begin`)."""
+        self.allocation.observe(step_s=step_s)
+        if global_steps >= self.total_training_steps or not self.allocation.pause_due():
+            return
+        if not saved:
+            self._timed_save()
+        write_pause(self.config.trainer.default_local_dir, global_steps, self.allocation)
+        self._pause_after = global_steps
+
+    # -- allocations shorter than the run (creditlab.allocation): stop at the next step's start, after verl logged
+    def on_step_begin(self):
+        paused = getattr(self, "_pause_after", None)
+        if paused is not None:
+            raise AllocationPaused(
+                f"step {paused} checkpointed; the allocation ends in {self.allocation.left_s():.0f} s, before another "
+                f"step (longest {self.allocation.step_s:.0f} s) and save ({self.allocation.save_s:.0f} s) would: "
+                f"stopping for the train job to requeue"
+            )
+        super().on_step_begin()
 
     def _setup_creditlab(self) -> None:
         """Read the run config: which credit runs where, QB, LoRA's fused reference pass, options."""
         m, t = self.run_cfg["method"], self.run_cfg["trainer"]
         self.seed = int(self.run_cfg.get("seed", 0))
+        self.allocation = AllocationClock.from_env()  # the SLURM allocation's end, from the train job (or none)
         self.advantage_name = m["advantage"]
         self.options = verl_options(self.run_cfg)
         credit, filters = m.get("credit") or [], m.get("token_filter") or []
