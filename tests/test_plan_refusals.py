@@ -169,3 +169,28 @@ def test_snakemake_refuses_a_refused_runs_output_with_the_reason(tmp_path):
     why = f"run paper/{NEXT}/dfpo/s0 is refused at plan time, not trained or evaluated: model.arch.family=qwen3_next"
     assert why in out, out[-3000:]
     assert "WorkflowError" in out and "rule train" in out
+
+
+def test_snakemake_refuses_runs_that_do_not_fit_the_cluster_with_the_numbers(tmp_path):
+    """`snakemake -n` on GPUs that leave 20 GB to the model (`cluster={gpu_mem_gb: 26}`): every ARCA run is refused by
+    the resource model, its tables are left out with the numbers and what to change, and the resource table is
+    printed; no training job is planned."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("snakemake")), "--snakefile", str(REPO / "Snakefile")]
+        + ["--directory", str(tmp_path), "-n", "--config", "scale=paper", "papers=[arca]", "cluster={gpu_mem_gb: 26}"]
+        + [f"results={tmp_path / 'results'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    notes = [line for line in out.splitlines() if line.startswith("creditlab: table arca/")]
+    assert notes and all("does not fit the cluster" in n and "> 20.0 GB usable of a 26 GB GPU" in n for n in notes), (
+        notes or out[-3000:]
+    )
+    assert all("change: " in n for n in notes)
+    rows = [line for line in out.splitlines() if line.startswith("creditlab resources: paper/qwen3-1.7b-base/arca")]
+    assert rows and all(line.split()[-1] == "NO" for line in rows), rows
+    assert "rule train:" not in out
