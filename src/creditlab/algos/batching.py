@@ -205,7 +205,7 @@ def verl_default_minibatches(
     """
     B, R, M = group_ids.numel(), int(n_ranks), int(n_minibatches)
     pad = (-B) % (R * M)
-    loads = verl_workload(torch.cat([seq_lengths.to(torch.int64), torch.full((pad,), VERL_PADDING_SEQ_LEN)]))
+    loads = verl_workload(torch.cat([seq_lengths.to("cpu", torch.int64), torch.full((pad,), VERL_PADDING_SEQ_LEN)]))
     parts = ldm_partitions(loads.tolist(), R)
     per_mb = (B + pad) // (R * M)
     mbs = [

@@ -83,6 +83,9 @@ def _olmo(arch: dict[str, Any], common: dict[str, Any]):
             "layer_types": ["full_attention"] * arch["num_hidden_layers"],
             "sliding_window": common["max_position_embeddings"],
         }
+    if "full_attention" in (config_cls().rope_parameters or {}):  # transformers >= 5.17: one rope dict per layer type
+        rope = extra["rope_parameters"]
+        extra["rope_parameters"] = {"full_attention": dict(rope), "sliding_attention": dict(rope)}
     return model_cls, config_cls(**common, **extra)
 
 

@@ -382,7 +382,8 @@ def verl_advantage(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     def estimator(token_level_rewards: Tensor, response_mask: Tensor, index: Any = None, config: Any = None, **_):
         if index is None:
             raise ValueError(f"advantage {name!r} needs the prompt uids (verl's `index`)")
-        adv = sequence_advantages(name, token_level_rewards.sum(-1), group_index(index))
+        groups = group_index(index).to(token_level_rewards.device)  # a CPU index of a GPU batch fails in index_add_
+        adv = sequence_advantages(name, token_level_rewards.sum(-1), groups)
         adv = adv.to(token_level_rewards.dtype)[:, None] * response_mask
         return adv, adv
 

@@ -370,7 +370,8 @@ class CreditlabTrainer(PPOTrainerSync):
         if data is None:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         scores = padded(data["rm_scores"]).sum(-1).float()
-        return sequence_advantages(self.advantage_name, scores, group_index(list(data["uid"]))).float()
+        gids = group_index(list(data["uid"])).to(scores.device)
+        return sequence_advantages(self.advantage_name, scores, gids).float()
 
     def _credit_spec(self) -> dict[str, Any]:
         return {
