@@ -17,6 +17,7 @@ from creditlab.algos.batching import (
     rb_draw,
     sign_counts,
     verl_default_minibatches,
+    verl_ray_minibatches,
     verl_workload,
 )
 
@@ -439,6 +440,62 @@ def test_paper_scale_baseline_splits_some_groups_random_splits_nearly_all():
     }
     assert 0.1 < split["verl_default"] < 0.6
     assert split["random"] > 0.95 and split["token_balanced"] > 0.95 and split["query_preserved"] == 0.0
+
+
+def _ray_trainer_steps(seq_lengths, n_ranks, n_minibatches):
+    """verl's own RayPPOTrainer._balance_batch (called on a DataProto with a stand-in trainer that has R ranks),
+    then dispatch in contiguous rank chunks and contiguous mini-batches."""
+    import types
+
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from creditlab.engines.verl.ordering import verl_minibatches
+
+    B, L = seq_lengths.numel(), int(seq_lengths.max()) + 1
+    mask = (torch.arange(L)[None, :] < seq_lengths[:, None]).long()
+    batch = DataProto.from_dict(tensors={"attention_mask": mask, "row": torch.arange(B)})
+    trainer = types.SimpleNamespace(_get_dp_size=lambda wg, role: n_ranks, actor_rollout_wg=None)
+    RayPPOTrainer._balance_batch(trainer, batch, {})
+    order = batch.batch["row"].tolist()
+    return [sorted(order[r] for r in rows) for rows in verl_minibatches(B, n_ranks, B // n_minibatches)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.integers(1, 16),
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(0, 10**6),
+    st.booleans(),
+)
+def test_verl_ray_minibatches_are_ray_trainers_optimizer_steps(prompts, G, M, R, seed, ties):
+    """The papers' order is verl's RayPPOTrainer._balance_batch itself (sort by workload, interleave), ties and all."""
+    B = prompts * G
+    if B % (R * M):
+        return
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(20, 300, (B,), generator=g)
+    if ties:
+        seq = seq // 16 * 16
+    gids = torch.arange(prompts).repeat_interleave(G)
+    ours = verl_ray_minibatches(gids, M, torch.Generator(), seq_lengths=seq, n_ranks=R)
+    assert [sorted(mb.tolist()) for mb in ours] == _ray_trainer_steps(seq, R, M)
+
+
+def test_ray_trainer_order_splits_every_group_where_the_v1_order_splits_half():
+    """The issue's setting (32 prompts x 8, 4 mini-batches, 8 ranks, random lengths): the V1 order keeps about half
+    of the groups whole; the RayPPOTrainer order splits every group, in every one of 20 batches."""
+    g = torch.Generator().manual_seed(0)
+    gids = torch.arange(32).repeat_interleave(8)
+    v1, ray = [], []
+    for _ in range(20):
+        seq = torch.randint(20, 300, (256,), generator=g)
+        v1.append(groups_split_frac(verl_default_minibatches(gids, 4, g, seq_lengths=seq, n_ranks=8), gids))
+        ray.append(groups_split_frac(verl_ray_minibatches(gids, 4, g, seq_lengths=seq, n_ranks=8), gids))
+    assert min(ray) == 1.0
+    assert 0.35 < sum(v1) / len(v1) < 0.75 and max(v1) < 1.0
 
 
 def test_rb_draw_counts_rounds_and_forces():

@@ -781,7 +781,9 @@ def _realised_minibatches(batch, dp, mini_rollouts):
 
 def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     """Under verl's real dispatch and mini-batching, CreditlabTrainer._balance_batch (QB) puts every group
-    whole into one optimizer step on one rank; verl's own _balance_batch scatters them."""
+    whole into one optimizer step on one rank; verl's own _balance_batch scatters them, and the legacy
+    RayPPOTrainer order (``verl_ray``) scatters more. The local engine's verl_default / verl_ray make the same
+    optimizer steps as the verl engine's."""
     from transfer_queue import KVBatchMeta
 
     tq = transfer_queue
@@ -803,24 +805,24 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
         keys += k
         tags += [{"seq_len": 10 + n} for n in lens]
     results = {}
-    for name, qb in (("verl", False), ("qb", True)):
+    for name, stub in (("verl", {}), ("qb", {"qb": True}), ("ray", {"batching": "verl_ray"})):
         batch = KVBatchMeta(keys=list(keys), tags=[dict(t) for t in tags], partition_id="train")
         metrics: dict = {}
-        t = _trainer_stub(verl_cfg, dp, qb=qb)
+        t = _trainer_stub(verl_cfg, dp, **stub)
         batch = t._balance_batch(batch, metrics)
         realised = _realised_minibatches(batch, dp, mini * GROUP)
         assert [[batch.keys.index(k) for _, k in mb] for mb in realised] == [
             sorted(rows) for rows in ordering.verl_minibatches(len(batch), dp, mini * GROUP)
         ]  # our model of verl
-        if name == "verl":  # the local engine's baseline order (verl_default) makes verl's real optimizer steps
-            from creditlab.algos.batching import verl_default_minibatches
+        if name in ("verl", "ray"):  # the local engine's baseline orders make verl's real optimizer steps
+            from creditlab.algos.batching import verl_default_minibatches, verl_ray_minibatches
             from creditlab.engines.verl.plugin import group_index
 
             data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["prompts", "responses"])
             order = ordering.content_order(list(data["prompts"].unbind()), list(data["responses"].unbind()))
             ck = [keys[i] for i in order]
             seq = torch.tensor([tags[i]["seq_len"] for i in order])
-            local = verl_default_minibatches(
+            local = (verl_default_minibatches if name == "verl" else verl_ray_minibatches)(
                 group_index([ordering.uid_of(k) for k in ck]),
                 len(realised),
                 torch.Generator(),
@@ -839,7 +841,9 @@ def test_qb_trainer_keeps_groups_whole_with_verls_balancing(transfer_queue):
     split_qb, scattered_qb, m_qb = results["qb"]
     assert split_qb == scattered_qb == 0.0 and m_qb["creditlab/groups_split_frac"] == 0.0
     assert split_verl >= 0.25 and scattered_verl >= 0.5 and m_verl["creditlab/groups_split_frac"] == split_verl
-    for m in (m_verl, m_qb):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
+    split_ray, _, m_ray = results["ray"]
+    assert split_ray > split_verl and m_ray["creditlab/groups_split_frac"] == split_ray
+    for m in (m_verl, m_qb, m_ray):  # both balance the ranks' token load (verl's log_seqlen_unbalance)
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] < 0.1 * m["global_seqlen/mean"]
     clear_partition(tq)
 

@@ -69,6 +69,9 @@ DAPO_SAMPLER_NAME = "CappedDapoSampler"
 GROUP_BATCHINGS = ("sequential", "query_preserved")
 """trainer.batching values that keep every group whole in one mini-batch and on one rank under verl (the orders
 of ``trainer.CreditlabTrainer._balance_batch``): what a group-coupled loss needs."""
+ORDERED_BATCHINGS = (*GROUP_BATCHINGS, "sign_partitioned", "verl_ray")
+"""trainer.batching values whose row order our trainer lays out for verl's contiguous mini-batch cuts: they need
+``actor.shuffle=false`` (verl 0.9.1's default), which the plug-in sets."""
 WORKER_INPUTS = frozenset({"hidden", "base_hidden", "lm_head", "topk_logp", "topk_ids"})
 """CreditInputs that live on the GPU workers (hidden states are never shipped to the driver): a credit
 function or token filter naming one of them runs inside the workers' old-log-prob pass."""
@@ -450,12 +453,12 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
     t = run_cfg["trainer"]
     actor = "actor_rollout_ref.actor"
     batching = t.get("batching", "verl_default")
-    ordered = (*GROUP_BATCHINGS, "sign_partitioned")  # orders our trainer lays out for verl's contiguous cuts
-    if batching not in ("verl_default", *ordered):
+    ordered = (*GROUP_BATCHINGS, "sign_partitioned")  # orders cut into equal mini-batches of whole prompts
+    if batching not in ("verl_default", *ORDERED_BATCHINGS):
         raise ValueError(
             f"trainer.batching={batching!r} is not supported on the verl engine (random and "
-            "token_balanced are local-engine orders; verl_default is verl's own balancing, what the "
-            f"papers ran); valid choices: {['verl_default', *ordered]}"
+            "token_balanced are local-engine orders; verl_default is verl 0.9.1's V1 balancing, verl_ray the "
+            f"legacy RayPPOTrainer's the papers ran); valid choices: {['verl_default', *ORDERED_BATCHINGS]}"
         )
     grouped = needs_group_ids(loss)
     if grouped and batching not in GROUP_BATCHINGS:
@@ -467,7 +470,7 @@ def _batching_overrides(run_cfg: dict, loss: str) -> list[str]:
             f"{list(GROUP_BATCHINGS)}"
         )
     out = []
-    if batching in ordered:
+    if batching in ORDERED_BATCHINGS:
         out.append(f"{actor}.shuffle=false")  # verl's mini-batch iterator keeps each rank's order
     if batching == "sequential":
         out.append("trainer.balance_batch=false")  # the legacy trainer's switch; V1 always calls _balance_batch,

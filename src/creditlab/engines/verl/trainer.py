@@ -11,8 +11,10 @@ on a ``KVBatchMeta`` (keys ``{uid}_{session}_{index}`` of the rollouts in Transf
   of ``ppo_mini_batch_size * n / dp`` rows per rank, ``actor.shuffle=false``) put every group whole into one
   optimizer step and onto one rank (:func:`qb_order`, built on creditlab's ``partition_bins``); with
   ``trainer.batching=sequential`` (Paper E) so that the same dispatch and mini-batching realise creditlab's
-  sequential mini-batches (groups contiguous, in order, no balancing: :func:`sequential_order`); otherwise
-  verl's token balancing (V1 calls ``_balance_batch`` whatever ``trainer.balance_batch`` says). All log
+  sequential mini-batches (groups contiguous, in order, no balancing: :func:`sequential_order`); with
+  ``trainer.batching=verl_ray`` verl's legacy ``RayPPOTrainer._balance_batch`` order, the papers' (V1's partition,
+  each rank's rows by workload and interleaved: ``algos.batching.verl_ray_partition_order``); otherwise V1's
+  token balancing (V1 calls ``_balance_batch`` whatever ``trainer.balance_batch`` says). All log
   ``creditlab/groups_split_frac`` of the mini-batches verl will cut. For a group-coupled loss (grpo_fix, dfpo)
   the order is checked to hold every group as G consecutive rows of one rank (:func:`groups_aligned`).
 * ``_compute_old_log_prob``: when a credit function needs worker inputs (hidden states) or LoRA's reference
@@ -57,10 +59,11 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.seqlen_balancing import calculate_workload, log_seqlen_unbalance
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from creditlab.algos.batching import groups_split_frac
+from creditlab.algos.batching import groups_split_frac, verl_ray_partition_order
 from creditlab.algos.credit.arca import weight_diagnostics
 from creditlab.algos.credit.base import REF_INPUTS, CreditInputs, TokenCredit, credit_inputs_of, method_entries
 from creditlab.allocation import AllocationClock, write_pause
@@ -79,6 +82,7 @@ from creditlab.engines.verl.ordering import (
 from creditlab.engines.verl.plugin import (
     ENV_RUN_CONFIG,
     GROUP_BATCHINGS,
+    ORDERED_BATCHINGS,
     TRAINER_MODE,
     fold_credit,
     group_index,
@@ -263,7 +267,7 @@ class CreditlabTrainer(PPOTrainerSync):
         self.qb, self.sequential = self.batching == "query_preserved", self.batching == "sequential"
         self.sign_partitioned = self.batching == "sign_partitioned"
         actor = self.config.actor_rollout_ref.actor
-        if (self.qb or self.sequential or self.sign_partitioned) and actor.shuffle:
+        if self.batching in ORDERED_BATCHINGS and actor.shuffle:
             raise ValueError(
                 f"trainer.batching={self.batching} needs actor_rollout_ref.actor.shuffle=false (plugin_overrides)"
             )
@@ -349,6 +353,8 @@ class CreditlabTrainer(PPOTrainerSync):
             metrics.update(
                 log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=partitions, prefix=logging_prefix)
             )
+        elif self.batching == "verl_ray":
+            batch = self._ray_trainer_order(batch, dp, metrics, logging_prefix)
         else:
             batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         gids = group_index([uid_of(k) for k in batch.keys])
@@ -360,6 +366,21 @@ class CreditlabTrainer(PPOTrainerSync):
             )
         mbs = [torch.tensor(rows) for rows in verl_minibatches(len(batch), dp, self._mini_batch_rollouts())]
         metrics["creditlab/groups_split_frac"] = groups_split_frac(mbs, gids)
+        return batch
+
+    def _ray_trainer_order(self, batch: KVBatchMeta, dp: int, metrics: dict, logging_prefix: str) -> KVBatchMeta:
+        """V1's padding and partition (``trainer_base._balance_batch``), then each rank's rows in the legacy
+        ``RayPPOTrainer._balance_batch`` order (by workload, interleaved; ``keep_minibatch`` and the prefix grouper
+        are not modelled: both off by default)."""
+        batch = upsample_batch_to_divisible_size(
+            batch, self._get_required_batch_multiple(dp), self.tokenizer.eos_token_id
+        )
+        seqlen = torch.tensor([tag["seq_len"] for tag in batch.tags], dtype=torch.int64)
+        workload = calculate_workload(seqlen)
+        parts = get_seqlen_balanced_partitions(workload, k_partitions=dp, equal_size=True)
+        parts = [verl_ray_partition_order(p, workload.tolist()) for p in parts]
+        batch.reorder([j for p in parts for j in p])
+        metrics.update(log_seqlen_unbalance(seqlen_list=seqlen.tolist(), partitions=parts, prefix=logging_prefix))
         return batch
 
     # -- old-log-prob pass (with worker-side credit) and the fused reference pass
