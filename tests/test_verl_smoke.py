@@ -414,6 +414,8 @@ def test_broken_cancellation_table_on_verl(smoke):
         assert [x["step"] for x in m] == [0, 1], run
     assert all(x["creditlab/groups_split_frac"] == 0.0 for x in _metrics(smoke, SMALL, "qb"))
     assert all(x["creditlab/sign_mixed_minibatches"] <= 1 for x in _metrics(smoke, SMALL, "sign-partitioned"))
+    baseline = (paths.fmt(paths.RUN_DIR, **_fill(smoke, SMALL, "dapo")) / "config.yaml").read_text()
+    assert "batching: verl_ray" in baseline  # the papers' order, laid out by our trainer for verl's cuts
     rows = _table(smoke, "cancellation", "broken")
     assert {r["run"] for r in rows} == set(BROKEN)
     assert all(r["run_keys"] == f"smoke/{SMALL}/{r['run']}/s0" and r["mlflow_run_ids"] for r in rows)
