@@ -30,6 +30,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from creditlab.data.io import read_records, write_records
 from creditlab.data.schema import check_template, render_record_prompt, render_response
+from creditlab.data.rule_arith import DEFAULT_SEPARATORS, check_rules, generate_rule_split
 from creditlab.data.synthetic import DEFAULT_MAX_VALUE, DEFAULT_OPS, generate_split
 from creditlab.data.tokenizer import build_tokenizer
 from creditlab.data.transfer import generate_choice_split, generate_code_split, problem_key
@@ -43,6 +44,7 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "arith": ("n", "n_ops", "digits"),
     "code": ("n", "at", "slope", "intercept", "tests", "time_limit_s"),
     "choice": ("n", "n_ops", "digits", "options"),
+    "rule": ("n", "n_ops", "digits", "rule_frac"),
 }
 """The keys of a split's config by its ``format`` (besides ``format`` itself; default ``arith``)."""
 WARMUP_EXTRA = "warmup_extra"
@@ -92,17 +94,32 @@ def _validate_cfg(cfg: Mapping[str, Any]) -> None:
     unknown = sorted(set(cfg) - {"name", "seed", "template", "task", "train", "val", "suites", WARMUP_EXTRA})
     if unknown:
         raise ValueError(f"data config: unknown key(s) {unknown}")
-    unknown_task = sorted(set(cfg.get("task") or {}) - {"ops", "max_value"})
+    unknown_task = sorted(set(cfg.get("task") or {}) - set(TASK_KEYS))
     if unknown_task:
-        raise ValueError(f"data config task: unknown key(s) {unknown_task}; expected ['max_value', 'ops']")
+        raise ValueError(f"data config task: unknown key(s) {unknown_task}; expected {sorted(TASK_KEYS)}")
+    task = _task_knobs(cfg)
+    uses_rules = any(
+        (spec or {}).get("format") == "rule" for spec in [cfg["train"], cfg["val"], *cfg["suites"].values()]
+    )
+    if uses_rules:
+        if not task["rules"]:
+            raise ValueError("data config: a split of format rule needs task.rules (letter: + or -)")
+        check_rules(task["rules"], task["separators"])
+
+
+TASK_KEYS = ("ops", "max_value", "rules", "separators")
+"""The problem-family knobs of a data config's ``task`` block (rules / separators: the rule format only)."""
 
 
 def _task_knobs(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The problem-family knobs (``ops``, ``max_value``), defaults filled in."""
+    """The problem-family knobs (``ops``, ``max_value``; ``rules``, ``separators`` of the rule format), defaults
+    filled in."""
     task = cfg.get("task") or {}
     return {
         "ops": list(task.get("ops", DEFAULT_OPS)),
         "max_value": int(task.get("max_value", DEFAULT_MAX_VALUE)),
+        "rules": {str(k): str(v) for k, v in (task.get("rules") or {}).items()},
+        "separators": [str(x) for x in task.get("separators", DEFAULT_SEPARATORS)],
     }
 
 
@@ -136,6 +153,21 @@ def _generate(
             spec["digits"],
             spec["options"],
             exclude,
+            split=name,
+            ops=tuple(task["ops"]),
+            max_value=task["max_value"],
+        )
+    if fmt == "rule":
+        return generate_rule_split(
+            seed,
+            spec["n"],
+            spec["n_ops"],
+            spec["digits"],
+            float(spec["rule_frac"]),
+            task["rules"],
+            task["separators"],
+            exclude,
+            source=str(cfg["name"]),
             split=name,
             ops=tuple(task["ops"]),
             max_value=task["max_value"],
@@ -228,8 +260,8 @@ def prepare_tiny(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     template = str(cfg["template"])
     check_template(template)
     suite_specs = {name: _split_spec(spec, f"suites.{name}") for name, spec in cfg["suites"].items()}
-    train_spec = _split_spec(cfg["train"], "train", ["arith"])  # RL prompts: the math task only
-    val_spec = _split_spec(cfg["val"], "val", ["arith"])
+    train_spec = _split_spec(cfg["train"], "train", ["arith", "rule"])  # RL prompts: the math task only
+    val_spec = _split_spec(cfg["val"], "val", ["arith", "rule"])
     extra_specs = {
         name: _split_spec(spec, f"{WARMUP_EXTRA}.{name}", ["code", "choice"])
         for name, spec in (cfg.get(WARMUP_EXTRA) or {}).items()

@@ -19,12 +19,17 @@ from creditlab.lm.batch import pack, response_forward
 from creditlab.progress import progress as progress_bar
 
 
-def sft_examples(records: list[dict], tokenizer, template: str) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids with BOS, response ids ending in EOS) per record; the response is " " + solution."""
+def sft_examples(
+    records: list[dict], tokenizer, template: str, *, gold: bool = False
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids with BOS, response ids ending in EOS) per record; the response is " " + solution, or
+    " " + ``meta.sft_solution`` where a record has one (rule arithmetic: the warm-up's copy with the rule letters
+    resolved at random, :mod:`creditlab.data.rule_arith`) unless ``gold``."""
     prompts, responses = [], []
     for r in records:
         prompts.append(tokenizer(render_record_prompt(r, template))["input_ids"])
-        resp = tokenizer(" " + r["solution"], add_special_tokens=False)["input_ids"]
+        text = r["solution"] if gold else ((r.get("meta") or {}).get("sft_solution") or r["solution"])
+        resp = tokenizer(" " + text, add_special_tokens=False)["input_ids"]
         responses.append(resp + [tokenizer.eos_token_id])
     return prompts, responses
 
