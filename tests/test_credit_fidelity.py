@@ -88,6 +88,33 @@ def test_metrics_match_a_direct_computation():
     assert lo <= m["spearman"] <= hi and res["n_clusters"] == n // 8
 
 
+def test_weighted_spearman_is_a_weighted_correlation_of_ranks():
+    """spearman_w: the Pearson correlation of the average-tie ranks with weights 1 - p (a direct weighted formula);
+    unit weights give Spearman; weight on the tokens where a credit agrees with the truth lifts it above the plain
+    Spearman, which the other tokens dilute."""
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(3)
+    n = 300
+    truth = np.where(rng.random(n) < 0.8, 0.0, rng.normal(size=n))
+    credit = truth + rng.normal(0, 0.5, n)
+    w = rng.random(n)
+    rc, rt = rankdata(credit), rankdata(truth)
+    cov = lambda x, y: np.sum(w * (x - np.sum(w * x) / w.sum()) * (y - np.sum(w * y) / w.sum()))
+    direct = cov(rc, rt) / math.sqrt(cov(rc, rc) * cov(rt, rt))
+    m = fidelity_metrics(credit, truth, weights=w)
+    assert m["spearman_w"] == pytest.approx(direct, abs=1e-12)
+    assert fidelity_metrics(credit, truth, weights=np.ones(n))["spearman_w"] == pytest.approx(m["spearman"])
+    assert math.isnan(fidelity_metrics(credit, truth)["spearman_w"])  # no weights: not computed
+    mono = np.where(truth != 0, truth, rng.normal(size=n))  # agrees with the truth on its non-zero tokens only
+    only = fidelity_metrics(mono, truth, weights=(truth != 0).astype(float))
+    plain = fidelity_metrics(mono, truth)["spearman"]
+    assert plain < 0.5 and only["spearman_w"] > 0.85
+    res = bootstrap_fidelity({"c": credit}, truth, np.arange(n) // 6, weights=w, n_boot=100, seed=0)
+    lo, hi = res["methods"]["c"]["spearman_w_ci"]
+    assert res["methods"]["c"]["spearman_w"] == pytest.approx(direct) and lo <= direct <= hi
+
+
 # ------------------------------------------------------------------------------------------------ the estimator
 def _setup(tr, seed: int = 0) -> SamplingParams:
     """The rollouts' sampling (the trainer's settings, the tokenizer's EOS)."""

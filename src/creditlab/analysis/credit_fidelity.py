@@ -77,6 +77,13 @@ from torch import Tensor
 
 from creditlab.algos import registry
 from creditlab.algos.credit.base import CreditInputs, compose_credit, method_entries
+from creditlab.analysis.fidelity_metrics import (  # noqa: F401  (re-exported: the metrics of this analysis)
+    METRICS,
+    bootstrap_fidelity,
+    fidelity_metrics,
+    spearman,
+    top_set,
+)
 from creditlab.analysis.value import item_seed, sample_continuations
 from creditlab.lm.batch import pack, response_forward, response_logprobs
 from creditlab.lm.sampler import (
@@ -110,6 +117,8 @@ DEFAULT_METHODS: tuple[dict[str, Any], ...] = (
 """Used when an analysis declares no ``methods``: each entry {label, method | run | criterion, overrides, policy}."""
 
 ENTRY_KEYS = ("label", "method", "run", "criterion", "overrides", "policy")
+REALISED = "realised (own update)"
+"""Label of the realised credit: Δ log pi(o_t) after one update of the run's own method on the batch."""
 POLICIES = ("rollout", "moved")
 
 
@@ -240,164 +249,6 @@ def token_truth(C: Sequence[Tensor]) -> dict[str, list[Tensor]]:
         out["half1"].append(d[: K // 2].mean(0))
         out["half2"].append(d[K // 2 :].mean(0))
         out["value"].append(c.mean(0))
-    return out
-
-
-# --------------------------------------------------------------------------------------------------------- metrics
-def _ranks(x: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(x, method="average")
-
-
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / den) if den > 0 else float("nan")
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN when either side is constant or has < 2 values."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if x.size < 2:
-        return float("nan")
-    return _pearson(_ranks(x), _ranks(y))
-
-
-def top_set(x: np.ndarray, frac: float) -> np.ndarray:
-    """The top ``frac`` of |x|: |x| >= the (1 - frac) quantile of |x| (numpy's linear interpolation; ties at the
-    threshold all in) and |x| > 0. Bool array."""
-    a = np.abs(np.asarray(x, dtype=np.float64))
-    if a.size == 0:
-        return np.zeros(0, dtype=bool)
-    return (a >= np.quantile(a, 1.0 - frac)) & (a > 0)
-
-
-def fidelity_metrics(
-    credit: np.ndarray, truth: np.ndarray, *, top_frac: float = 0.1, null_eps: float = 0.05
-) -> dict[str, float]:
-    """Fidelity of one credit map to the true token advantages (module docstring, "Metrics").
-
-    credit, truth: float arrays over the same tokens. spearman: Spearman(credit, truth); precision / recall:
-    P = top_set(credit), T = top_set(truth), |P & T| / |P| and |P & T| / |T| (NaN when empty); null_share: the
-    share of sum |credit| on tokens with |truth| < null_eps (NaN when sum |credit| = 0); n_top, n_pred: |T|, |P|.
-    """
-    return _metrics(np.asarray(credit, dtype=np.float64), _truth_view(truth, top_frac, null_eps), top_frac)
-
-
-def _truth_view(truth: np.ndarray, top_frac: float, null_eps: float) -> dict[str, Any]:
-    """What every credit map's metrics need of the truth, computed once: centred ranks, top set, null mask."""
-    a = np.asarray(truth, dtype=np.float64)
-    r = _ranks(a) - (a.size + 1) / 2.0 if a.size else a
-    return {
-        "ranks": r,
-        "norm": math.sqrt(float((r * r).sum())),
-        "top": top_set(a, top_frac),
-        "null": np.abs(a) < null_eps,
-        "n": a.size,
-    }
-
-
-def _metrics(c: np.ndarray, tv: dict[str, Any], top_frac: float) -> dict[str, float]:
-    nan = float("nan")
-    if tv["n"] >= 2:
-        rc = _ranks(c) - (c.size + 1) / 2.0
-        den = math.sqrt(float((rc * rc).sum())) * tv["norm"]
-        rho = float((rc * tv["ranks"]).sum() / den) if den > 0 else nan
-    else:
-        rho = nan
-    T, P = tv["top"], top_set(c, top_frac)
-    both = float((T & P).sum())
-    mass = np.abs(c)
-    total = float(mass.sum())
-    return {
-        "spearman": rho,
-        "precision": both / P.sum() if P.any() else nan,
-        "recall": both / T.sum() if T.any() else nan,
-        "null_share": float(mass[tv["null"]].sum()) / total if total > 0 else nan,
-        "n_top": int(T.sum()),
-        "n_pred": int(P.sum()),
-    }
-
-
-METRICS = ("spearman", "precision", "recall", "null_share")
-
-
-def _ci(values: np.ndarray) -> tuple[float, float]:
-    v = values[np.isfinite(values)]
-    if v.size < 2:
-        return float("nan"), float("nan")
-    lo, hi = np.quantile(v, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
-def _clean(c: np.ndarray) -> np.ndarray:
-    c = np.asarray(c, dtype=np.float64)
-    top = float(np.abs(c).max()) if c.size else 0.0
-    return np.round(c / top, 6) if top > 0 else c
-
-
-def bootstrap_fidelity(
-    credits: dict[str, np.ndarray],
-    truth: np.ndarray,
-    clusters: np.ndarray,
-    *,
-    half1: np.ndarray | None = None,
-    half2: np.ndarray | None = None,
-    baseline: str | None = None,
-    top_frac: float = 0.1,
-    null_eps: float = 0.05,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Every credit map's :func:`fidelity_metrics` with 95% percentile bootstrap CIs resampling ``clusters`` (one
-    id per token: its prompt group) with replacement; the same resamples for every map, so the differences to
-    ``baseline`` are paired. With ``half1`` / ``half2`` (two independent estimates of ``truth``): the split-half
-    Spearman r, its Spearman-Brown step-up 2r / (1 + r) and the ceiling sqrt(2r / (1 + r)), with CIs.
-
-    Returns {"methods": {label: {metric: value, metric_ci: [lo, hi], "delta_" + metric (vs baseline) and its
-    CI}}, "ceiling": {...}, "n_clusters", "n_tokens"}."""
-    # credit maps scaled to max |c| = 1 and rounded at 1e-6 (every metric is scale free): uniform credit's exact ties
-    # survive the float32 rounding of an eps floor or a normaliser (ARCA's mean-1 weights of a zero residual: 1 +- 1e-7)
-    credits = {m: _clean(c) for m, c in credits.items()}
-    truth = np.round(np.asarray(truth, dtype=np.float64), 12)
-    ids = np.unique(clusters)
-    members = [np.nonzero(clusters == g)[0] for g in ids]
-    rng = np.random.default_rng(seed)
-    draws = [np.concatenate([members[k] for k in rng.integers(0, len(ids), len(ids))]) for _ in range(n_boot)]
-
-    def ceil_of(h1: np.ndarray, h2: np.ndarray) -> dict[str, float]:
-        r = spearman(h1, h2)
-        sb = 2 * r / (1 + r) if np.isfinite(r) and r > -1 else float("nan")
-        return {
-            "split_half": r,
-            "spearman_brown": sb,
-            "ceiling": math.sqrt(sb) if np.isfinite(sb) and sb > 0 else float("nan"),
-        }
-
-    out: dict[str, Any] = {"methods": {}, "n_clusters": len(ids), "n_tokens": int(truth.size)}
-    point = {m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps) for m, c in credits.items()}
-    boot = {m: {k: np.full(n_boot, np.nan) for k in METRICS} for m in credits}
-    for b, idx in enumerate(draws):
-        tv = _truth_view(truth[idx], top_frac, null_eps)
-        for m, c in credits.items():
-            r = _metrics(c[idx], tv, top_frac)
-            for k in METRICS:
-                boot[m][k][b] = r[k]
-    for m in credits:
-        row: dict[str, Any] = dict(point[m])
-        for k in METRICS:
-            row[f"{k}_ci"] = list(_ci(boot[m][k]))
-            if baseline is not None and baseline in credits:
-                row[f"delta_{k}"] = point[m][k] - point[baseline][k]
-                row[f"delta_{k}_ci"] = list(_ci(boot[m][k] - boot[baseline][k]))
-        out["methods"][m] = row
-    if half1 is not None and half2 is not None:
-        c0 = ceil_of(half1, half2)
-        bc = [ceil_of(half1[idx], half2[idx]) for idx in draws]
-        out["ceiling"] = c0 | {f"{k}_ci": list(_ci(np.array([x[k] for x in bc]))) for k in c0}
-        sp = fidelity_metrics(half1, half2, top_frac=top_frac, null_eps=null_eps)
-        out["ceiling"]["split_half_precision"] = sp["precision"]
     return out
 
 
@@ -602,12 +453,12 @@ def analyze(
         ref_logp=ref_logp,
         base_hidden=ref_hidden,
     )
-    moved_logp = None
-    if any(e["policy"] == "moved" for e in entries):
-        from creditlab.analysis.flipping import update_shifts
+    # one update of the run's own method on this batch (trainer restored after): the policy `moved` entries see, and
+    # the realised credit (the change of every token's log-probability) [issue 29 item 5]
+    from creditlab.analysis.flipping import update_shifts
 
-        res = update_shifts(tr, ro, ["joint"], step=step, seed=seed)
-        moved_logp = (res["before_logp"] + res["delta"]["joint"]).to(device)
+    shifts = update_shifts(tr, ro, ["joint"], step=step, seed=seed)
+    moved_logp = (shifts["before_logp"] + shifts["delta"]["joint"]).to(device)
     timing["forwards"] = time.perf_counter() - t1
 
     # ---- the truth's rows, and every method's credit
@@ -655,6 +506,9 @@ def analyze(
     h1, h2 = flat(truth["half1"]), flat(truth["half2"])
     clusters = np.concatenate([[int(ro.group_ids[i])] * n for i, n in zip(rows, lens)]).astype(np.int64)
     credits = {lab: np.concatenate([c[k, :n].numpy() for k, n in enumerate(lens)]) for lab, c in credit_rows.items()}
+    realised = np.concatenate([shifts["delta"]["joint"][i, :n].numpy() for i, n in zip(rows, lens)])
+    credits[REALISED] = realised
+    uncertainty = 1.0 - np.exp(np.concatenate([old.logp[i, :n].float().cpu().numpy() for i, n in zip(rows, lens)]))
     fid = bootstrap_fidelity(
         credits,
         a,
@@ -666,6 +520,7 @@ def analyze(
         null_eps=null_eps,
         n_boot=n_boot,
         seed=seed,
+        weights=uncertainty,
     )
     timing["metrics"] = time.perf_counter() - t4
 
@@ -728,6 +583,11 @@ def analyze(
         },
         "ceiling": fid.get("ceiling"),
         "methods": [fid["methods"][e["label"]] | {"label": e["label"]} for e in entries],
+        "realised": fid["methods"][REALISED] | {"label": REALISED, "method": tr.mcfg.get("name")},
+        "uncertain": {
+            "mean_1_minus_p": float(uncertainty.mean()) if uncertainty.size else float("nan"),
+            "share_p_below_0.9": float((uncertainty > 0.1).mean()) if uncertainty.size else float("nan"),
+        },
         "planted": planted,
         "seconds": timing,
     }
@@ -884,9 +744,9 @@ def metrics(result: dict[str, Any]) -> dict[str, float]:
         v = (result.get("ceiling") or {}).get(k)
         if v is not None:
             out[f"ceiling/{k}"] = float(v)
-    for m in result["methods"]:
+    for m in result["methods"] + ([result["realised"]] if result.get("realised") else []):
         for k in METRICS:
-            out[f"{k}/{m['label']}"] = float(m[k])
+            out[f"{k}/{m['label']}"] = float(m.get(k, float("nan")))
         if "delta_spearman" in m:
             out[f"delta_spearman/{m['label']}"] = float(m["delta_spearman"])
     for name, m in result["planted"]["methods"].items():
@@ -904,7 +764,7 @@ def _f(x: float, nd: int = 3, signed: bool = False) -> str:
 
 def _fci(m: dict, k: str, signed: bool = False) -> str:
     lo, hi = m.get(f"{k}_ci", [float("nan")] * 2)
-    if not np.isfinite(m[k]):
+    if not np.isfinite(m.get(k, float("nan"))):
         return "n/a"
     return f"{_f(m[k], signed=signed)} [{_f(lo, signed=signed)}, {_f(hi, signed=signed)}]"
 
@@ -942,13 +802,21 @@ def markdown(result: dict[str, Any]) -> str:
         f"decile: |x| at or above its 90th percentile and > 0 ({base_rate} of the tokens for the truth: a random "
         f"pick's precision); near-zero truth: |A| < {result['null_eps']} ({100 * tr['null_frac']:.1f}% of tokens).",
         "",
-        "| method | Spearman ρ | Δρ vs uniform | verdict | precision@top10% | recall@top10% | credit share on ~0 |",
-        "|---|---|---|---|---|---|---|",
+        "ρ_w: Spearman weighted by each token's uncertainty 1 - p (`fidelity_metrics`); mean 1 - p "
+        f"{_f(result.get('uncertain', {}).get('mean_1_minus_p', float('nan')))}, tokens with p < 0.9: "
+        f"{100 * result.get('uncertain', {}).get('share_p_below_0.9', float('nan')):.1f}%. Realised credit: the "
+        "change of each token's log-probability after one update of the run's own method on this batch.",
+        "",
+        "| method | Spearman ρ | ρ_w (1 - p) | Δρ vs uniform | verdict | precision@top10% | recall@top10% | "
+        "credit share on ~0 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for m in result["methods"]:
+    rows_md = list(result["methods"]) + ([result["realised"]] if result.get("realised") else [])
+    for m in rows_md:
+        verdict = "baseline" if m["label"] == result["baseline"] else _verdict(m)
         lines.append(
-            f"| {m['label']} | {_fci(m, 'spearman')} | {_fci(m, 'delta_spearman', signed=True)} | "
-            f"{_verdict(m) if m['label'] != result['baseline'] else 'baseline'} | {_fci(m, 'precision')} | "
+            f"| {m['label']} | {_fci(m, 'spearman')} | {_fci(m, 'spearman_w')} | "
+            f"{_fci(m, 'delta_spearman', signed=True)} | {verdict} | {_fci(m, 'precision')} | "
             f"{_fci(m, 'recall')} | {_fci(m, 'null_share')} |"
         )
     p = result["planted"]

@@ -105,7 +105,7 @@ def probe_set(records: Sequence[Mapping[str, Any]], tokenizer, template: str) ->
     tokens of the boxed answer (found by encoding the solution up to the answer)."""
     from creditlab.engines.local.sft import sft_examples
 
-    prompts, responses = sft_examples(list(records), tokenizer, template)
+    prompts, responses = sft_examples(list(records), tokenizer, template, gold=True)
     spans = []
     for r, resp in zip(records, responses):
         sol = r["solution"]
@@ -208,12 +208,13 @@ def measure(
 
     evals_dir = Path(paths.fmt(paths.EVAL_DIR, results=results, scale=scale, backbone="x", run="x", seed=0)).parents[2]
     per_seed: dict[int, dict[str, float]] = {}
-    evals = []
-    for s in seeds:
+    evals = [load_eval(evals_dir, backbone, run, s) for s in seeds]
+    suites = [x for x in suites if all(x in ev["suites"] for ev in evals)]  # those the run's tables evaluated
+    if not suites:
+        raise ValueError(f"no suite of {list(SUITES)} in every seed's evaluation of {backbone}/{run}")
+    for s, ev in zip(seeds, evals):
         run_dir = Path(paths.fmt(paths.RUN_DIR, results=results, scale=scale, backbone=backbone, run=run, seed=s))
         scores = probe_scores(run_dir / "final")
-        ev = load_eval(evals_dir, backbone, run, s)
-        evals.append(ev)
         scores.update(_sampled_scores(ev, suites))
         per_seed[int(s)] = scores
     base = probe_scores(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)))
@@ -226,6 +227,7 @@ def measure(
         "base": base,
         "per_seed": per_seed,
         "summary": summarize(per_seed),
+        "suites": suites,
         "seed_pairs": seed_pair_false_positives(evals, suites),
         "alpha": ALPHA,
         "power": POWER,

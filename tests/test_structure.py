@@ -1,0 +1,52 @@
+"""Token kinds and the credit-structure summaries of creditlab.analysis.structure (issue 29 item 2)."""
+
+import numpy as np
+import pytest
+
+from creditlab.analysis.structure import advantage_structure, boxed_reward, char_kinds, token_kinds
+
+
+def test_char_kinds_label_decisive_operators_separators_and_the_answer():
+    text = " 23+45=68;68-7=61 61*3=183 \\boxed{183}"
+    k = char_kinds(text, [1])
+    at = lambda s, start=0: k[text.index(s, start)]  # noqa: E731
+    assert at("+") == "operator" and at("-") == "decisive" and at("*") == "operator"
+    assert at(";") == "separator" and k[text.index("61 ") + 2] == "separator"
+    assert [k[i] for i in range(text.index("{") + 1, text.index("}"))] == ["answer"] * 3
+    assert at("=") == "other" and k[0] == "other" and k[text.index("\\")] == "other"
+    assert char_kinds("12+3=15 \\boxed{15", []).count("answer") == 2  # an unclosed box: its digits still
+
+
+def test_token_kinds_follow_the_characters_of_the_tiny_tokenizer():
+    from creditlab.data.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(["Q: 1+2=3;,\\boxed{3} 0123456789-*"])
+    text = " 12+3=15,15-2=13 \\boxed{13}"
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    kinds = token_kinds(ids, tok, [1])
+    assert len(kinds) == len(ids) and kinds[-1] == "other"  # EOS
+    decoded = [tok.decode([i], skip_special_tokens=True) for i in ids]
+    assert [d for d, k in zip(decoded, kinds) if k == "decisive"] == ["-"]
+    assert [d for d, k in zip(decoded, kinds) if k == "separator"] == [","]
+    assert [d for d, k in zip(decoded, kinds) if k == "answer"] == ["1", "3"]
+    assert "\\boxed{" in decoded  # one token for the box
+
+
+def test_advantage_structure_shares_and_zeros():
+    adv = [np.array([0.0, 0.5, -0.25]), np.array([0.25, 0.0])]
+    kinds = [["other", "decisive", "separator"], ["decisive", "separator"]]
+    s = advantage_structure(adv, kinds)
+    assert s["decisive"]["abs_share"] == pytest.approx(0.75) and s["separator"]["abs_share"] == pytest.approx(0.25)
+    assert s["separator"]["zero_frac"] == pytest.approx(0.5) and s["other"]["zero_frac"] == 1.0
+    assert s["decisive"]["abs_mean"] == pytest.approx(0.375) and s["answer"]["n"] == 0
+
+
+def test_boxed_reward_reads_the_last_box_exactly():
+    from creditlab.data.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(["\\boxed{} 0123456789+-=;"])
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    fn = boxed_reward(tok)
+    assert fn([enc("1+2=3 \\boxed{3}"), enc("\\boxed{3} \\boxed{4}"), enc("\\boxed{03}"), enc("3")], ["3"] * 4) == [
+        1.0, 0.0, 0.0, 0.0
+    ]
