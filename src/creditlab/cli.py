@@ -36,6 +36,8 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
         cfg["ignore_paper_seeds"] = True
     if getattr(a, "tables", None):
         cfg["tables"] = a.tables.split(",")
+    if getattr(a, "world", None):
+        cfg["world"] = a.world
     if getattr(a, "papers", None) == "all":
         # the pipeline config's order first: a run shared by papers is tracked under the first one's
         # experiment, so adding a paper config (appended to that list) never moves an existing run
@@ -66,7 +68,7 @@ def cmd_prepare(a: argparse.Namespace) -> None:
     if is_hub(a.scale):  # paper (the hub downloads) and smoke (the hub fixtures)
         prepare.prepare_hub(a.results, _plan(a), download_only=a.download_only)
     else:
-        prepare.prepare_tiny(a.results, a.scale, a.backbone, download_only=a.download_only)
+        prepare.prepare_tiny(a.results, a.scale, a.backbone, download_only=a.download_only, world=a.world)
 
 
 def cmd_init_tracking(a: argparse.Namespace) -> None:
@@ -82,7 +84,7 @@ def cmd_warmup(a: argparse.Namespace) -> None:
     config's SFT-only ``warmup_extra`` records (the transfer formats); at paper scale: fetch the hub model."""
     from creditlab.jobs.warmup import warmup
 
-    warmup(a.results, a.scale, a.backbone, a.seed, quiet=a.quiet)
+    warmup(a.results, a.scale, a.backbone, a.seed, quiet=a.quiet, world=a.world)
 
 
 def cmd_train(a: argparse.Namespace) -> None:
@@ -209,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated paper/table names: only those are built (a ledger tests their claims only); "
         "default: the pipeline config's `tables` (null: all)",
     )
+    p.add_argument(
+        "--world",
+        default=None,
+        help="tiny / micro scale: the tiny world's data config (configs/data/<world>.yaml; default: the pipeline "
+        "config's `world`)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = p.add_subparsers(dest="verb", required=True)
 
@@ -286,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     a = build_parser().parse_args(argv)
     if a.scale is None and a.verb in ("prepare", "warmup"):
         a.scale = _pipeline(a)["scale"]
+    if a.verb in ("prepare", "warmup"):  # the plan-free verbs: the world checked as the plan checks it
+        from creditlab.plan import DEFAULT_WORLD, check_world
+
+        a.world = check_world(a.world or _pipeline(a).get("world") or DEFAULT_WORLD, a.scale)
     if a.scale == "paper":  # by hand as under Snakemake: hub snapshots and datasets under the pipeline's hub_cache
         os.environ.update(hub_cache_env(_pipeline(a).get("hub_cache"))[0])  # (a variable already set wins)
     a.fn(a)

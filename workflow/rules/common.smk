@@ -53,7 +53,8 @@ if config.get("mlflow_uri"):
 # Snakemake's interpreter, exported for the jobs (sbatch --export=ALL; a job's own Snakemake sets it again), so
 # another interpreter path or conda prefix re-runs nothing (docs/cluster.md, "Cluster settings", 3).
 os.environ.update(CREDITLAB_PYTHON=sys.executable)
-CLI = f"-m creditlab --results {RESULTS} --scale {SCALE} --papers all"
+WORLD = PLAN.world  # the tiny world's data config: in the CLI prefix, so a job of another world re-runs
+CLI = f"-m creditlab --results {RESULTS} --scale {SCALE} --world {WORLD} --papers all"
 
 
 def paper_seeds(wildcards):

@@ -17,13 +17,16 @@ from creditlab.engines.local.sft import warmup as sft
 from creditlab.jobs.common import load_tokenizer, setup, write_json
 from creditlab.jobs.evaluate import evaluate_suites
 from creditlab.models.standin import TAUGHT, write_standin
+from creditlab.models.sources import check_prepared_world
 from creditlab.models.tiny import build_model, n_params
 from creditlab.plan import compose
 from creditlab.tracking.mlflow_tracker import Tracker
 from creditlab.tracking.provenance import git_commit
 
 
-def warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False) -> None:
+def warmup(
+    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str = "tiny_arith"
+) -> None:
     """The base model of ``backbone`` at ``scale`` under results/<scale>/base/<backbone>, with its DONE: at paper
     scale the fetched hub model (:func:`fetch_hub_model`), at smoke scale a stand-in (:func:`write_standin_model`),
     else the SFT warm-up (:func:`sft_warmup`)."""
@@ -32,15 +35,19 @@ def warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *, qui
     elif scale == "smoke":
         write_standin_model(results, scale, backbone, seed)
     else:
-        sft_warmup(results, scale, backbone, seed, quiet=quiet)
+        sft_warmup(results, scale, backbone, seed, quiet=quiet, world=world)
 
 
-def sft_warmup(results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False) -> None:
+def sft_warmup(
+    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str = "tiny_arith"
+) -> None:
     """SFT warm-up of one tiny backbone on the train split and the data config's SFT-only ``warmup_extra`` records
-    (the transfer formats), its greedy accuracy on the validation split, MLflow (experiment base-models)."""
-    cfg = compose(scale, backbone, seed=seed)
+    (the transfer formats) of the prepared tiny world ``world``, its greedy accuracy on the validation split, MLflow
+    (experiment base-models)."""
+    cfg = compose(scale, backbone, seed=seed, overrides=[f"data={world}"])
     setup(cfg)
     data_dir = paths.fmt(paths.DATA_DIR, results=results, scale=scale)
+    check_prepared_world(data_dir, cfg)
     out = paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)
     tok = load_tokenizer(data_dir)
     model = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, seed)

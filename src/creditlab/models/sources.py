@@ -133,6 +133,21 @@ class RunSources:
         return load_verl_train_state(trainer, self.verl_checkpoint())
 
 
+def check_prepared_world(data_dir: Path, cfg: dict[str, Any]) -> None:
+    """A tiny-world job's data must be its config's world: ValueError when ``data_dir``'s prep_report.json names
+    another data set than ``cfg["data"]["name"]`` (one world per results root: the pipeline's ``world``); nothing when
+    the data are not prepared yet (the job's own read fails then, naming the file)."""
+    report = Path(data_dir) / "prep_report.json"
+    if not report.is_file():
+        return
+    have, want = json.loads(report.read_text()).get("name"), cfg["data"]["name"]
+    if have != want:
+        raise ValueError(
+            f"{data_dir} holds the tiny world {have!r}, but this job's config is {want!r}: one world per results "
+            f"root (prepare again with world={want}, or give this world its own results=...)"
+        )
+
+
 def run_sources(run, cfg: dict[str, Any], results: str | Path) -> RunSources:
     """The :class:`RunSources` of planned ``run`` (resolved config ``cfg``) under ``results``. The hub base snapshot
     is read from the warmup job's DONE (FileNotFoundError when it has not run)."""
@@ -145,6 +160,7 @@ def run_sources(run, cfg: dict[str, Any], results: str | Path) -> RunSources:
         tokenizer = Path(cfg["model"].get("tokenizer") or base)
         records = paths.fmt(paths.TRAIN_SET_DIR, dataset=cfg["data"]["name"], **fill) / "train.parquet"
     else:
+        check_prepared_world(data_dir, cfg)
         tokenizer, records = data_dir / "tokenizer", data_dir / "train.parquet"
     return RunSources(
         run_key=run.key,

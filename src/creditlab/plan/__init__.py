@@ -94,6 +94,8 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     pipeline's seeds: a job of one run can be asked for any seed.
     """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
+    world = check_world(pipeline.get("world") or DEFAULT_WORLD, scale, config_dir)
+    world_overrides = () if world == DEFAULT_WORLD else (f"data={world}",)
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
     for spec in papers.values():
         check_analysis_kinds(spec)
@@ -112,7 +114,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
             combination = combination_overrides(scale, backbone, method, combine, config_dir) if combine else ()
         except PlanError as e:
             raise PlanError(f"{spec.source}: runs.{name}.combine: {e}") from None
-        overrides = spec.run_overrides(name, paper_backbone, scale, combination)
+        overrides = world_overrides + tuple(spec.run_overrides(name, paper_backbone, scale, combination))
         run = Run(scale, backbone, name, seed, method, overrides, spec.experiment)
         prev = runs.setdefault(run.key, run)
         if (prev.method, prev.overrides) != (method, overrides):
@@ -145,7 +147,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
                     f"decoding name {name!r} means two different decodings ({decodes[name]} vs {dec} "
                     f"in paper {pname!r}); rename one"
                 )
-    plan = Plan(scale, seeds, papers, runs, decodes)
+    plan = Plan(scale, seeds, papers, runs, decodes, world=world)
     if validate:
         plan.cluster = _cluster(pipeline) if scale == "paper" else None
         facts = validate_runs(plan.runs.values(), config_dir, plan.cluster)
@@ -156,6 +158,31 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
         check_table_inputs(plan, facts)
         plan.skipped_analyses = check_analyses(plan, config_dir)
     return plan
+
+
+DEFAULT_WORLD = "tiny_arith"
+"""The tiny world's default data config (configs/run.yaml's ``data`` default)."""
+WORLD_SPLITS = ("train", "val", "suites")
+
+
+def check_world(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> str:
+    """The pipeline's ``world``: a data config of configs/data/ with the tiny world's splits (train, val, suites), at
+    tiny or micro scale (paper and smoke read the papers' datasets: only the default there). PlanError naming the
+    key, the reason and the choices otherwise."""
+    import yaml
+
+    data_dir = Path(config_dir) / "data"
+    tiny = sorted(
+        p.stem for p in data_dir.glob("*.yaml") if set(WORLD_SPLITS) <= set(yaml.safe_load(p.read_text()) or {})
+    )
+    if world not in tiny:
+        raise PlanError(f"world: {world!r} is no tiny-world data config; valid choices: {tiny}")
+    if world != DEFAULT_WORLD and scale not in ("tiny", "micro"):
+        raise PlanError(
+            f"world: {world!r} is a tiny world; at scale {scale!r} the runs read the papers' datasets "
+            f"(only {DEFAULT_WORLD!r} there)"
+        )
+    return world
 
 
 def check_analysis_kinds(spec: PaperSpec) -> None:
