@@ -19,7 +19,10 @@ def test_every_run_composes_the_world():
     for run in plan.runs.values():
         assert run.overrides[0] == "data=tiny_rule"
     cfg = run_config(next(iter(plan.runs.values())))
-    assert cfg["data"]["name"] == "tiny_rule" and cfg["data"]["train"]["format"] == "rule"
+    assert cfg["data"]["name"] == "tiny_rule_arith" and cfg["data"]["train"]["format"] == "rule"
+    from creditlab.rewards.routing import data_source_kind
+
+    assert data_source_kind(cfg["data"]["name"]) == "math"  # its records are scored by the math reward
     default = build_plan(_pipeline(), validate=False)  # the default world adds nothing to any run
     assert default.world == "tiny_arith" and not any("data=" in o for r in default.runs.values() for o in r.overrides)
 

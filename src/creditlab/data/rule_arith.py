@@ -151,7 +151,7 @@ def generate_rule_split(
     separators: Sequence[str] = DEFAULT_SEPARATORS,
     exclude: Iterable[str] = frozenset(),
     *,
-    source: str = "tiny_rule",
+    source: str = "tiny_rule_arith",
     split: str = "train",
     ops: Sequence[str] = DEFAULT_OPS,
     max_value: int = DEFAULT_MAX_VALUE,
