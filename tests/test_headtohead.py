@@ -166,7 +166,8 @@ def test_the_trainer_refuses_what_the_plan_refuses(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["random", "sequential", "token_balanced", "verl_default", "verl_ray", "query_preserved", "sign_partitioned"]
+    "name",
+    ["random", "sequential", "token_balanced", "verl_default", "verl_ray", "query_preserved", "sign_partitioned"],
 )
 def test_keeps_groups_whole_agrees_with_the_batchings(name):
     """Where keeps_groups_whole says so, the batching never splits a group (and where it says not, it does for some

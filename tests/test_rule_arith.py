@@ -82,14 +82,22 @@ def test_generation_is_deterministic_and_unique():
     b = generate_rule_split(3, 200, [1, 3], [2, 2], 0.5, RULES, SEPS)
     assert a == b and len({r["question"] for r in a}) == 200
     none = generate_rule_split(3, 50, [1, 2], [2, 2], 0.0, RULES, SEPS)
-    assert all(r["meta"]["letters"] == 0 and r["meta"]["sft_solution"].replace(";", " ").replace(",", " ")
-               == r["solution"].replace(";", " ").replace(",", " ") for r in none)
+    assert all(
+        r["meta"]["letters"] == 0
+        and r["meta"]["sft_solution"].replace(";", " ").replace(",", " ")
+        == r["solution"].replace(";", " ").replace(",", " ")
+        for r in none
+    )
 
 
 @pytest.mark.parametrize(
     "rules, seps, match",
-    [({"a": "*"}, SEPS, r"task.rules.a"), ({"ab": "+"}, SEPS, "one lowercase letter"), (RULES, ("1",), "separators"),
-     (RULES, (), "at least one")],
+    [
+        ({"a": "*"}, SEPS, r"task.rules.a"),
+        ({"ab": "+"}, SEPS, "one lowercase letter"),
+        (RULES, ("1",), "separators"),
+        (RULES, (), "at least one"),
+    ],
 )
 def test_bad_rules_are_refused(rules, seps, match):
     with pytest.raises(ValueError, match=match):
@@ -98,11 +106,11 @@ def test_bad_rules_are_refused(rules, seps, match):
 
 def test_the_data_config_refuses_a_rule_split_without_rules_and_prepares_the_world(tmp_path):
     import yaml
+    from transformers import PreTrainedTokenizerFast
 
     from creditlab.data.io import read_records
     from creditlab.data.prepare import prepare_tiny
-    from creditlab.engines.local.sft import sft_examples
-    from transformers import PreTrainedTokenizerFast
+    from creditlab.data.tokenizer import sft_examples
 
     cfg = yaml.safe_load(open("configs/data/tiny_rule.yaml"))
     for split in ("train", "val"):

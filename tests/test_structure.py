@@ -48,5 +48,37 @@ def test_boxed_reward_reads_the_last_box_exactly():
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     fn = boxed_reward(tok)
     assert fn([enc("1+2=3 \\boxed{3}"), enc("\\boxed{3} \\boxed{4}"), enc("\\boxed{03}"), enc("3")], ["3"] * 4) == [
-        1.0, 0.0, 0.0, 0.0
+        1.0,
+        0.0,
+        0.0,
+        0.0,
     ]
+
+
+def test_decisive_ranking_finds_the_tokens_where_the_two_models_differ():
+    """Two micro models that differ only in the logits of one token id ('-', the decisive operator): Δlog p and KL put
+    the decisive tokens first (precision 1), where the base entropy of an untrained model is no guide."""
+    import torch
+
+    from creditlab.analysis.structure import decisive_ranking, token_kinds
+    from creditlab.data.tokenizer import build_tokenizer
+    from creditlab.models.tiny import build_model
+    from creditlab.plan import compose
+
+    tok = build_tokenizer(["Q: A:\n \\boxed{}0123456789+-*;,=x"])
+    cfg = compose("micro", "micro-s", "dapo", [])
+    base = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    rl = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    rl.load_state_dict(base.state_dict())
+    minus = tok.convert_tokens_to_ids("-")
+    with torch.no_grad():  # untie the head, then raise only the '-' logit of the RL model
+        rl.lm_head.weight = torch.nn.Parameter(rl.lm_head.weight.clone())
+        rl.lm_head.bias = torch.nn.Parameter(torch.zeros(len(tok)))
+        rl.lm_head.bias[minus] = 3.0
+    texts = [" 12-3=9 \\boxed{9}", " 40+2=42,42-5=37 \\boxed{37}", " 7+1=8;8+1=9 \\boxed{9}"]
+    prompts = [tok("Q: x\nA:")["input_ids"]] * 3
+    responses = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+    kinds = [token_kinds(r, tok, d) for r, d in zip(responses, ([0], [1], []))]
+    out = decisive_ranking(rl, base, prompts, responses, kinds, tok.pad_token_id)
+    assert out["n_decisive"] == 2 and out["dlogp"] == 1.0
+    assert 0.0 <= out["random"] <= 1.0 and out["n_tokens"] == sum(len(r) for r in responses)

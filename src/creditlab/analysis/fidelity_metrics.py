@@ -159,8 +159,9 @@ def bootstrap_fidelity(
 ) -> dict[str, Any]:
     """Every credit map's :func:`fidelity_metrics` with 95% percentile bootstrap CIs resampling ``clusters`` (one
     id per token: its prompt group) with replacement; the same resamples for every map, so the differences to
-    ``baseline`` are paired. ``weights``: per-token uncertainty weights of ``spearman_w``. With ``half1`` / ``half2`` (two independent estimates of ``truth``): the split-half
-    Spearman r, its Spearman-Brown step-up 2r / (1 + r) and the ceiling sqrt(2r / (1 + r)), with CIs.
+    ``baseline`` are paired. ``weights``: per-token uncertainty weights of ``spearman_w``. With ``half1`` /
+    ``half2`` (two independent estimates of ``truth``): the split-half Spearman r, its Spearman-Brown step-up
+    2r / (1 + r) and the ceiling sqrt(2r / (1 + r)), with CIs.
 
     Returns {"methods": {label: {metric: value, metric_ci: [lo, hi], "delta_" + metric (vs baseline) and its
     CI}}, "ceiling": {...}, "n_clusters", "n_tokens"}."""
@@ -184,8 +185,7 @@ def bootstrap_fidelity(
 
     out: dict[str, Any] = {"methods": {}, "n_clusters": len(ids), "n_tokens": int(truth.size)}
     point = {
-        m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps, weights=weights)
-        for m, c in credits.items()
+        m: fidelity_metrics(c, truth, top_frac=top_frac, null_eps=null_eps, weights=weights) for m, c in credits.items()
     }
     boot = {m: {k: np.full(n_boot, np.nan) for k in METRICS} for m in credits}
     for b, idx in enumerate(draws):

@@ -4,7 +4,9 @@ Two kinds of score of a trained policy pi:
 
 * **sampled**: the evaluation's accuracies (greedy and avg@k per suite, ``metrics.json``): they carry the
   sampling noise of the evaluation and the seed-to-seed noise of training;
-* **exact probe scores** (no sampling at all): on a fixed probe set of prompts q with a unique gold response y*
+* **exact probe scores** (no sampling at all; per token kind too: :func:`creditlab.analysis.structure.gold_structure`,
+  e.g. the probability of the true operator at rule letters, the entropy at separators): on a fixed probe set of
+  prompts q with a unique gold response y*
   (the tiny task's step-by-step solution + EOS, exactly what the warm-up taught), by teacher forcing
 
       gold_logp(q)   = sum_t log pi(y*_t | q, y*_<t)          the log-probability of the gold response
@@ -73,8 +75,9 @@ def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = 
     return max_n + 1
 
 
-def gold_scores(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], answer_spans, pad_id: int,
-                rows: int = 64) -> dict[str, Tensor]:
+def gold_scores(
+    model, prompts: Sequence[list[int]], responses: Sequence[list[int]], answer_spans, pad_id: int, rows: int = 64
+) -> dict[str, Tensor]:
     """Exact probe scores of one policy (module docstring) by teacher forcing.
 
     prompts / responses: token ids per probe prompt (the response = the gold response, EOS included);
@@ -101,9 +104,9 @@ def gold_scores(model, prompts: Sequence[list[int]], responses: Sequence[list[in
 
 def probe_set(records: Sequence[Mapping[str, Any]], tokenizer, template: str) -> tuple[list, list, list]:
     """(prompt ids, gold response ids, answer spans) of records with a ``solution`` ending in ``\\boxed{answer}``:
-    the warm-up's own SFT pairs (:func:`creditlab.engines.local.sft.sft_examples`); the answer span covers the
+    the warm-up's own SFT pairs (:func:`creditlab.data.tokenizer.sft_examples`); the answer span covers the
     tokens of the boxed answer (found by encoding the solution up to the answer)."""
-    from creditlab.engines.local.sft import sft_examples
+    from creditlab.data.tokenizer import sft_examples
 
     prompts, responses = sft_examples(list(records), tokenizer, template, gold=True)
     spans = []
@@ -175,16 +178,31 @@ def seed_pair_false_positives(results: Sequence[Mapping[str, Any]], suites: Sequ
     pairs = []
     for i in range(len(per)):
         for j in range(i + 1, len(per)):
-            diff, _, _, p, p_rev = paired_bootstrap_diff_suites(per[i], per[j], "plain")
+            diff, lo, hi, p, p_rev = paired_bootstrap_diff_suites(per[i], per[j], "plain")
             two_sided = min(1.0, 2 * min(p, p_rev))
-            pairs.append({"pair": [i, j], "diff_pp": diff, "p_two_sided": two_sided})
+            se = (hi - lo) / (2 * 1.6449)  # lo / hi: the one-sided 95% bounds
+            pairs.append({"pair": [i, j], "diff_pp": diff, "p_two_sided": two_sided, "se_pp": se})
     called = [x["p_two_sided"] < ALPHA for x in pairs]
-    return {"pairs": pairs, "significant_frac": float(np.mean(called)) if pairs else float("nan")}
+    se = float(np.mean([x["se_pp"] for x in pairs])) if pairs else float("nan")
+    return {
+        "pairs": pairs,
+        "significant_frac": float(np.mean(called)) if pairs else float("nan"),
+        "se_pp": se,
+        "ledger_mde_pp": (1.95996 + 0.84162) * se,  # the one-seed test's MDE (normal approx., 80% power)
+        "seed_sd_of_diff_pp": float(np.std([x["diff_pp"] for x in pairs], ddof=1)) if len(pairs) > 1 else float("nan"),
+    }
 
 
 def measure(
-    results: str, scale: str, backbone: str, run: str, seeds: Sequence[int], *, probe: str = "val",
-    probe_n: int = 100, suites: Sequence[str] = SUITES,
+    results: str,
+    scale: str,
+    backbone: str,
+    run: str,
+    seeds: Sequence[int],
+    *,
+    probe: str = "val",
+    probe_n: int = 100,
+    suites: Sequence[str] = SUITES,
 ) -> dict[str, Any]:
     """Item 1 of issue 29 on built results: per seed of run (backbone, run) its evaluation's sampled scores and its
     final model's exact probe scores (the first ``probe_n`` records of split ``probe``), the base model's probe
@@ -193,7 +211,7 @@ def measure(
 
     from creditlab import paths
     from creditlab.data.io import read_records
-    from creditlab.jobs.common import load_model, load_tokenizer
+    from creditlab.lm.io import load_model, load_tokenizer
     from creditlab.tables.load import load_eval
 
     data_dir = Path(paths.fmt(paths.DATA_DIR, results=results, scale=scale))
@@ -201,10 +219,23 @@ def measure(
     recs = read_records(data_dir / f"{probe}.parquet")[:probe_n]
     prompts, responses, spans = probe_set(recs, tok, "tiny")
 
+    from creditlab.analysis.structure import decisive_ranking, gold_structure, token_kinds
+
+    kinds = [token_kinds(r, tok, (x.get("meta") or {}).get("decisive") or []) for r, x in zip(responses, recs)]
+    base_model = load_model(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)))
+
     def probe_scores(model_dir: Path) -> dict[str, float]:
         model = load_model(model_dir)
         g = gold_scores(model, prompts, responses, spans, tok.pad_token_id)
-        return {f"probe/{k}": float(v.mean()) for k, v in g.items()}
+        out = {f"probe/{k}": float(v.mean()) for k, v in g.items()}
+        for kind, v in gold_structure(model, prompts, responses, kinds, tok.pad_token_id).items():
+            if v["n"]:  # per token kind on the same fixed states (analysis/structure.py): p(gold token), entropy
+                out[f"probe/{kind}_p"], out[f"probe/{kind}_entropy"] = v["p_mean"], v["entropy_mean"]
+        if model is not base_model and any("decisive" in k for k in kinds):  # Paper A's ranking, against the base
+            rank = decisive_ranking(model, base_model, prompts, responses, kinds, tok.pad_token_id)
+            out |= {f"rank/{k}": float(v) for k, v in rank.items() if k not in ("n_decisive", "n_tokens")}
+            out["rank/dlogp_minus_entropy"] = rank["dlogp"] - rank["entropy"]
+        return out
 
     evals_dir = Path(paths.fmt(paths.EVAL_DIR, results=results, scale=scale, backbone="x", run="x", seed=0)).parents[2]
     per_seed: dict[int, dict[str, float]] = {}
@@ -218,6 +249,7 @@ def measure(
         scores.update(_sampled_scores(ev, suites))
         per_seed[int(s)] = scores
     base = probe_scores(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)))
+    base = {k: v for k, v in base.items() if not k.startswith("rank/")}
     return {
         "backbone": backbone,
         "run": run,
@@ -251,7 +283,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         base = result["base"].get(m)
         lines.append(
             f"| {m} | {'' if base is None else f'{base:.4g}'} | {v['mean']:.4g} | {v['sd']:.3g} | {v['min']:.4g} | "
-            f"{v['max']:.4g} | " + " | ".join("-" if not np.isfinite(x) else f"{x:.3g}" for x in v["mde"].values())
+            f"{v['max']:.4g} | "
+            + " | ".join("-" if not np.isfinite(x) else f"{x:.3g}" for x in v["mde"].values())
             + " |"
         )
     sp = result["seed_pairs"]
@@ -260,7 +293,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"The ledger's one-seed test (paired bootstrap over questions, avg@k Avg) on two seeds of the same run: "
         f"{sum(p['p_two_sided'] < result['alpha'] for p in sp['pairs'])} of {len(sp['pairs'])} seed pairs called "
         f"significant at two-sided {result['alpha']} (false-positive share {sp['significant_frac']:.2f}; "
-        f"|diff| up to {max((abs(p['diff_pp']) for p in sp['pairs']), default=float('nan')):.2f} pp).",
+        f"|diff| up to {max((abs(p['diff_pp']) for p in sp['pairs']), default=float('nan')):.2f} pp). Its standard "
+        f"error from the question bootstrap: {sp['se_pp']:.2f} pp, so its MDE (80% power) is "
+        f"{sp['ledger_mde_pp']:.2f} pp, and what it tests is the questions' noise, not the seeds'.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -278,10 +313,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--run", default="dapo")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--probe-n", type=int, default=100)
+    ap.add_argument("--suites", default=",".join(SUITES), help="suites of the sampled scores (those every seed has)")
     ap.add_argument("--out", default=None, help="JSON path (default results/<scale>/analyses/noise_<backbone>_<run>)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    res = measure(a.results, a.scale, a.backbone, a.run, [int(x) for x in a.seeds.split(",")], probe_n=a.probe_n)
+    seeds = [int(x) for x in a.seeds.split(",")]
+    res = measure(a.results, a.scale, a.backbone, a.run, seeds, probe_n=a.probe_n, suites=a.suites.split(","))
     out = Path(a.out or f"{a.results}/{a.scale}/analyses/noise_{a.backbone}_{a.run}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))

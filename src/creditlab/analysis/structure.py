@@ -85,9 +85,7 @@ def gold_structure(model, prompts, responses, kinds: Sequence[Sequence[str]], pa
                     acc[kind]["p"].append(float(p[k, t]))
                     acc[kind]["entropy"].append(float(ent[k, t]))
     model.train(was)
-    return {
-        k: {"n": len(v["p"]), "p_mean": _mean(v["p"]), "entropy_mean": _mean(v["entropy"])} for k, v in acc.items()
-    }
+    return {k: {"n": len(v["p"]), "p_mean": _mean(v["p"]), "entropy_mean": _mean(v["entropy"])} for k, v in acc.items()}
 
 
 def advantage_structure(adv: Sequence[np.ndarray], kinds: Sequence[Sequence[str]]) -> dict:
@@ -116,8 +114,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     """Both measurements as Markdown tables."""
     g, a = result["gold"], result.get("advantage") or {}
     lines = [
-        "| token kind | tokens (gold) | p(gold token) | entropy (nats) | tokens (rollouts) | share of Σ|A*| | mean |A*| "
-        "| exact zeros |",
+        "| token kind | tokens (gold) | p(gold token) | entropy (nats) | tokens (rollouts) | share of Σ|A*| "
+        "| mean |A*| | exact zeros |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for k in KINDS:
@@ -165,8 +163,8 @@ def measure(
 
     from creditlab.analysis.credit_fidelity import coupled_outcomes, token_truth
     from creditlab.data.io import read_records
-    from creditlab.engines.local.sft import sft_examples
-    from creditlab.jobs.common import load_model, load_tokenizer
+    from creditlab.data.tokenizer import sft_examples
+    from creditlab.lm.io import load_model, load_tokenizer
     from creditlab.lm.sampler import SamplingParams, generate
 
     tok = load_tokenizer(Path(data_dir))
@@ -180,8 +178,9 @@ def measure(
     chosen = (with_rule or recs)[:n_prompts]
     p_ids, _ = sft_examples(chosen, tok, "tiny", gold=True)
     P = [p for p in p_ids for _ in range(group)]
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id,
-                            seed=seed)
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, eos_id=tok.eos_token_id, seed=seed
+    )
     with torch.no_grad():
         gen = generate(model, P, params)
     golds = [r["answer"] for r in chosen for _ in range(group)]
@@ -207,3 +206,44 @@ def measure(
             ),
         },
     }
+
+
+RANKERS = ("dlogp", "kl", "entropy", "random")
+"""Token scores :func:`decisive_ranking` compares (Paper A's selection criteria, at the gold tokens)."""
+
+
+def decisive_ranking(model_rl, model_base, prompts, responses, kinds, pad_id: int, seed: int = 0, rows: int = 64):
+    """Paper A's mechanism on a world with decisive tokens: which token score puts the decisive tokens first.
+
+    Over the tokens of the gold responses (teacher forcing, both models on the same states), each score ranks the
+    tokens: ``dlogp`` = |log pi_RL(y_t) - log pi_base(y_t)| (Paper A's Δlog p at the token written), ``kl`` =
+    KL(pi_RL || pi_base) of the next-token distributions, ``entropy`` = the base model's entropy, ``random`` = a
+    seeded uniform draw. precision = the share of decisive tokens among the top k tokens of a score, with k = the
+    number of decisive tokens (chance: k / N). Returns {score: precision} and ``n_decisive``, ``n_tokens``."""
+    from creditlab.lm.batch import pack, response_logprobs
+
+    scores: dict[str, list[float]] = {k: [] for k in RANKERS}
+    is_dec: list[bool] = []
+    for s in range(0, len(prompts), rows):
+        batch = pack(list(prompts[s : s + rows]), list(responses[s : s + rows]), pad_id)
+        with torch.no_grad():
+            lp_rl = response_logprobs(model_rl.eval(), batch).double().cpu()
+            lp_b = response_logprobs(model_base.eval(), batch).double().cpu()
+        y = batch.responses.cpu()
+        for k, ks in enumerate(kinds[s : s + rows]):
+            n = len(ks)
+            a = lp_rl[k, :n].gather(-1, y[k, :n, None])[:, 0]
+            b = lp_b[k, :n].gather(-1, y[k, :n, None])[:, 0]
+            scores["dlogp"] += (a - b).abs().tolist()
+            scores["kl"] += (lp_rl[k, :n].exp() * (lp_rl[k, :n] - lp_b[k, :n])).sum(-1).tolist()
+            scores["entropy"] += (-(lp_b[k, :n].exp() * lp_b[k, :n]).sum(-1)).tolist()
+            is_dec += [kd == "decisive" for kd in ks]
+    dec = np.array(is_dec)
+    rng = np.random.default_rng(seed)
+    scores["random"] = rng.random(dec.size).tolist()
+    k = int(dec.sum())
+    out: dict[str, Any] = {"n_decisive": k, "n_tokens": int(dec.size)}
+    for name, v in scores.items():
+        order = np.argsort(-np.asarray(v), kind="stable")[:k]
+        out[name] = float(dec[order].mean()) if k else float("nan")
+    return out

@@ -29,8 +29,8 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from creditlab.data.io import read_records, write_records
-from creditlab.data.schema import check_template, render_record_prompt, render_response
 from creditlab.data.rule_arith import DEFAULT_SEPARATORS, check_rules, generate_rule_split
+from creditlab.data.schema import check_template, render_record_prompt, render_response
 from creditlab.data.synthetic import DEFAULT_MAX_VALUE, DEFAULT_OPS, generate_split
 from creditlab.data.tokenizer import build_tokenizer
 from creditlab.data.transfer import generate_choice_split, generate_code_split, problem_key

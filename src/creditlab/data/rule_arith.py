@@ -11,7 +11,7 @@ joins the steps with a **separator** drawn uniformly from ``task.separators`` at
 Three kinds of response token, by construction:
 
 * **decisive** -- the operator written for a rule letter. The SFT warm-up teaches the format but never the rule:
-  its copy of the problem (``meta.sft_solution``, which :func:`creditlab.engines.local.sft.sft_examples` trains on)
+  its copy of the problem (``meta.sft_solution``, which :func:`creditlab.data.tokenizer.sft_examples` trains on)
   resolves each rule letter to ``+`` or ``-`` uniformly at random (its chain computed with that choice, so every
   SFT example is self-consistent arithmetic), so after the warm-up the policy writes either at chance. Only the true
   choice can reach the gold answer: the token decides the reward. A letter replaces an operator only where both

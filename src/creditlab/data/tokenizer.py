@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from creditlab.data.schema import render_record_prompt
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 BOXED_TOKEN = "\\boxed{"
@@ -61,3 +63,18 @@ def build_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+
+
+def sft_examples(
+    records: list[dict], tokenizer, template: str, *, gold: bool = False
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids with BOS, response ids ending in EOS) per record; the response is " " + solution, or
+    " " + ``meta.sft_solution`` where a record has one (rule arithmetic: the warm-up's copy with the rule letters
+    resolved at random, :mod:`creditlab.data.rule_arith`) unless ``gold``."""
+    prompts, responses = [], []
+    for r in records:
+        prompts.append(tokenizer(render_record_prompt(r, template))["input_ids"])
+        text = r["solution"] if gold else ((r.get("meta") or {}).get("sft_solution") or r["solution"])
+        resp = tokenizer(" " + text, add_special_tokens=False)["input_ids"]
+        responses.append(resp + [tokenizer.eos_token_id])
+    return prompts, responses

@@ -1,4 +1,4 @@
-"""What the jobs share: setup, atomic JSON, model loading, a run's MLflow parent and tags, its sources.
+"""What the jobs share: setup, atomic JSON, model loading (lm/io.py), a run's MLflow parent and tags, its sources.
 
 Imports of transformers (and of modules that import it) stay inside the functions that need them, after
 :func:`setup`: huggingface_hub reads ``HF_HUB_OFFLINE`` when it is first imported.
@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from creditlab.lm.io import load_model, load_tokenizer  # noqa: F401  (re-exported: the jobs' loaders)
 from creditlab.models.sources import run_sources
 from creditlab.tracking.mlflow_tracker import ParentRun, Tracker
 from creditlab.tracking.provenance import git_commit
@@ -40,20 +41,6 @@ def write_json(obj: Any, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     os.replace(tmp, path)
-
-
-def load_tokenizer(data_dir: Path):
-    """The tiny world's tokenizer, saved by the `prepare` job under ``data_dir``."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(data_dir / "tokenizer"))
-
-
-def load_model(model_dir: Path):
-    """A saved causal LM (a warmed-up base model or a run's final/)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir))
 
 
 def parent_run(run):

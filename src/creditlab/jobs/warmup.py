@@ -16,8 +16,8 @@ from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.sft import warmup as sft
 from creditlab.jobs.common import load_tokenizer, setup, write_json
 from creditlab.jobs.evaluate import evaluate_suites
-from creditlab.models.standin import TAUGHT, write_standin
 from creditlab.models.sources import check_prepared_world
+from creditlab.models.standin import TAUGHT, write_standin
 from creditlab.models.tiny import build_model, n_params
 from creditlab.plan import compose
 from creditlab.tracking.mlflow_tracker import Tracker

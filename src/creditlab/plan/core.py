@@ -72,7 +72,7 @@ class Plan:
     runs: dict[str, Run]
     decodes: dict[str, DecodeSpec] = field(default_factory=dict)
     world: str = "tiny_arith"
-    """The tiny world's data config (tiny / micro scale; pipeline key ``world``): every run composes ``data=<world>``."""
+    """The tiny world's data config (tiny / micro scale; pipeline key ``world``): each run composes ``data=<world>``."""
     skipped_analyses: dict[tuple[str, str], str] = field(default_factory=dict)
     """(paper, analysis) -> why it cannot run at this scale (`check_analyses`; filled when the plan is validated)."""
     refused_runs: dict[str, str] = field(default_factory=dict)

@@ -13,25 +13,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from creditlab.data.schema import render_record_prompt
+from creditlab.data.tokenizer import sft_examples
 from creditlab.engines.local.trainer import _autocast, _device, lr_lambda
 from creditlab.lm.batch import pack, response_forward
 from creditlab.progress import progress as progress_bar
-
-
-def sft_examples(
-    records: list[dict], tokenizer, template: str, *, gold: bool = False
-) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids with BOS, response ids ending in EOS) per record; the response is " " + solution, or
-    " " + ``meta.sft_solution`` where a record has one (rule arithmetic: the warm-up's copy with the rule letters
-    resolved at random, :mod:`creditlab.data.rule_arith`) unless ``gold``."""
-    prompts, responses = [], []
-    for r in records:
-        prompts.append(tokenizer(render_record_prompt(r, template))["input_ids"])
-        text = r["solution"] if gold else ((r.get("meta") or {}).get("sft_solution") or r["solution"])
-        resp = tokenizer(" " + text, add_special_tokens=False)["input_ids"]
-        responses.append(resp + [tokenizer.eos_token_id])
-    return prompts, responses
 
 
 def warmup(

@@ -56,10 +56,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tensordict import TensorDict
 from torch import Tensor
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions, log_seqlen_unbalance
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 

@@ -1,0 +1,246 @@
+"""Pre-registered mechanism verdicts on a tiny world (issue 29, item 3; protocol: docs/papers/mechanisms.md).
+
+Each test compares per-seed scores of trained runs (:func:`creditlab.analysis.noise.measure`: exact probe scores by
+token kind, Paper A's ranking precision, sampled accuracy) with a stated test:
+
+* ``two_sample`` -- run ``arm`` against run ``ref`` on ``metric``: Welch's two-sided t test over seeds (seeds
+  unpaired), effect = mean(arm) - mean(ref);
+* ``one_sample`` -- ``metric`` of run ``arm`` against 0 (a within-run contrast, e.g. Δlog p's precision minus the
+  entropy's): two-sided one-sample t test over seeds.
+
+The family (``family: true``) is Holm-corrected at alpha 0.05. A test **holds** when its Holm-adjusted p < 0.05 and
+the effect has the predicted sign, is **contradicted** when p < 0.05 with the other sign, and is otherwise a **null**.
+Beside each verdict: the smallest effect of interest (SESOI = ``sesoi_sds`` x the seed sd of ``metric`` in the noise
+runs, measured before the verdict runs) and the power the test had to detect it with the seeds it used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from creditlab.analysis.noise import ALPHA, power_two_sample
+
+
+@dataclass(frozen=True)
+class MechanismTest:
+    """One pre-registered test (module docstring)."""
+
+    id: str
+    paper: str
+    claim: str
+    metric: str
+    arm: str
+    ref: str | None  # None: a one-sample test of ``arm``'s metric against 0
+    sign: int = 1  # the predicted sign of the effect
+    family: bool = True
+
+
+PROTOCOL: tuple[MechanismTest, ...] = (
+    MechanismTest(
+        "M1",
+        "delta",
+        "DelTA learns the rule (p of the true operator at rule letters) better than DAPO",
+        "probe/decisive_p",
+        "delta",
+        "dapo",
+    ),
+    MechanismTest(
+        "M2",
+        "cancellation",
+        "QB drifts less on ignorable tokens (separator entropy) than the baseline",
+        "probe/separator_entropy",
+        "qb",
+        "dapo",
+    ),
+    MechanismTest(
+        "M3",
+        "dfpo",
+        "DFPO drifts less on ignorable tokens (separator entropy) than GRPO",
+        "probe/separator_entropy",
+        "dfpo",
+        "grpo",
+    ),
+    MechanismTest(
+        "M4",
+        "dlogp",
+        "Δlog p (RL vs base) ranks decisive tokens above the base entropy (precision@k)",
+        "rank/dlogp_minus_entropy",
+        "dapo",
+        None,
+    ),
+    MechanismTest(
+        "S1", "delta", "accuracy: DelTA vs DAPO (avg@8, medium + hard, pp)", "avg_sampled", "delta", "dapo", 1, False
+    ),
+    MechanismTest(
+        "S2",
+        "cancellation",
+        "accuracy: QB vs baseline (avg@8, medium + hard, pp)",
+        "avg_sampled",
+        "qb",
+        "dapo",
+        1,
+        False,
+    ),
+    MechanismTest(
+        "S3", "dfpo", "accuracy: DFPO vs GRPO (avg@8, medium + hard, pp)", "avg_sampled", "dfpo", "grpo", 1, False
+    ),
+)
+"""The protocol of docs/papers/mechanisms.md (M: the Holm family; S: secondary, reported without a verdict family)."""
+RUNS = ("dapo", "delta", "qb", "grpo", "dfpo")
+SUITES = ("medium", "hard")
+"""The suites of the sampled accuracy: those every run's evaluation has (DFPO's tables read no ``easy``)."""
+"""The runs the protocol reads (plan run names: cancellation's dapo / qb, delta's delta, dfpo's grpo / dfpo)."""
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, float]:
+    """(effect = mean a - mean b, its standard error, Welch's t, two-sided p)."""
+    from scipy import stats
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(a.mean() - b.mean())
+    se = math.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    res = stats.ttest_ind(a, b, equal_var=False)
+    return diff, se, float(res.statistic), float(res.pvalue)
+
+
+def one_sample(a: Sequence[float]) -> tuple[float, float, float, float]:
+    """(mean, its standard error, t, two-sided p) of the one-sample t test against 0."""
+    from scipy import stats
+
+    a = np.asarray(a, dtype=np.float64)
+    res = stats.ttest_1samp(a, 0.0)
+    return float(a.mean()), float(a.std(ddof=1) / math.sqrt(a.size)), float(res.statistic), float(res.pvalue)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (step-down, monotone, capped at 1), in the input order."""
+    order = np.argsort(pvalues)
+    m = len(pvalues)
+    adj, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        adj[i] = running
+    return adj
+
+
+def decide(
+    scores: Mapping[str, Mapping[int, Mapping[str, float]]],
+    noise_sd: Mapping[str, float],
+    *,
+    protocol: Sequence[MechanismTest] = PROTOCOL,
+    sesoi_sds: float = 2.0,
+) -> list[dict[str, Any]]:
+    """Every test of ``protocol`` on ``scores`` (run -> seed -> metric -> value) with its SESOI from ``noise_sd``
+    (metric -> seed sd of the noise runs). Returns one row per test: effect, se, t, p, Holm p (family), verdict, n,
+    SESOI and the power to detect it (two-sample: the exact t test's with the smaller arm's n; one-sample: the
+    noncentral t's with the seeds used)."""
+    from scipy import stats
+
+    rows = []
+    for t in protocol:
+        a = [v[t.metric] for v in scores[t.arm].values() if t.metric in v]
+        if t.ref is None:
+            effect, se, tstat, p = one_sample(a)
+            n = len(a)
+        else:
+            b = [v[t.metric] for v in scores[t.ref].values() if t.metric in v]
+            effect, se, tstat, p = welch(a, b)
+            n = min(len(a), len(b))
+        sd = float(noise_sd.get(t.metric, float("nan")))
+        sesoi = sesoi_sds * sd
+        if t.ref is None:
+            df, delta = n - 1, sesoi / (sd / math.sqrt(n)) if sd > 0 else float("inf")
+            crit = stats.t.ppf(1 - ALPHA / 2, df)
+            power = float(stats.nct.sf(crit, df, delta) + stats.nct.cdf(-crit, df, delta))
+        else:
+            power = power_two_sample(sesoi, sd, n)
+        rows.append(
+            {
+                "id": t.id,
+                "paper": t.paper,
+                "claim": t.claim,
+                "metric": t.metric,
+                "arm": t.arm,
+                "ref": t.ref,
+                "sign": t.sign,
+                "family": t.family,
+                "n": n,
+                "effect": effect,
+                "se": se,
+                "t": tstat,
+                "p": p,
+                "noise_sd": sd,
+                "sesoi": sesoi,
+                "power_at_sesoi": power,
+            }
+        )
+    fam = [r for r in rows if r["family"]]
+    for r, adj in zip(fam, holm([r["p"] for r in fam])):
+        r["p_holm"] = adj
+    for r in rows:
+        p = r.get("p_holm", r["p"])
+        if p < ALPHA:
+            r["verdict"] = "holds" if np.sign(r["effect"]) == r["sign"] else "contradicted"
+        else:
+            r["verdict"] = "null"
+    return rows
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The verdicts as a Markdown table."""
+    lines = [
+        "| test | paper | claim | metric | n/arm | effect ± se | t | p | p (Holm) | verdict | SESOI | power at SESOI |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ph = f"{r['p_holm']:.3g}" if "p_holm" in r else "-"
+        lines.append(
+            f"| {r['id']} | {r['paper']} | {r['claim']} | `{r['metric']}` | {r['n']} | {r['effect']:+.4g} ± "
+            f"{r['se']:.2g} | {r['t']:.2f} | {r['p']:.3g} | {ph} | **{r['verdict']}** | {r['sesoi']:.3g} | "
+            f"{r['power_at_sesoi']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m creditlab.analysis.mechanisms --results R --seeds 10,...,15 --noise R/tiny/analyses/noise_...json``:
+    the protocol's verdicts on the runs of ``RUNS`` under results root R (JSON + Markdown beside the noise file)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from creditlab.analysis.noise import measure
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--scale", default="tiny")
+    ap.add_argument("--backbone", default="tiny-s")
+    ap.add_argument("--seeds", required=True)
+    ap.add_argument("--noise", required=True, help="the noise JSON (analysis/noise.py) the SESOIs come from")
+    ap.add_argument("--probe-n", type=int, default=100)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    seeds = [int(x) for x in a.seeds.split(",")]
+    noise = json.loads(Path(a.noise).read_text())
+    noise_sd = {m: v["sd"] for m, v in noise["summary"].items()}
+    scores = {
+        run: measure(a.results, a.scale, a.backbone, run, seeds, probe_n=a.probe_n, suites=SUITES)["per_seed"]
+        for run in RUNS
+    }
+    rows = decide(scores, noise_sd)
+    out = Path(a.results) / a.scale / "analyses" / "mechanisms.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"seeds": seeds, "noise": a.noise, "scores": scores, "verdicts": rows}, indent=1))
+    out.with_suffix(".md").write_text(markdown(rows))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

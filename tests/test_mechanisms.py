@@ -1,0 +1,54 @@
+"""The pre-registered verdict machinery (creditlab.analysis.mechanisms): Welch and one-sample tests against scipy's
+formulas read directly, Holm's step-down, the verdict rule and the power beside it."""
+
+import math
+
+import numpy as np
+import pytest
+
+from creditlab.analysis import mechanisms as mech
+from creditlab.analysis.noise import power_two_sample
+
+
+def test_welch_and_one_sample_match_their_formulas():
+    a, b = [1.0, 2.0, 4.0, 3.5], [0.5, 0.7, 1.1]
+    diff, se, t, p = mech.welch(a, b)
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 3
+    assert diff == pytest.approx(np.mean(a) - np.mean(b)) and se == pytest.approx(math.sqrt(va + vb))
+    assert t == pytest.approx(diff / se)
+    m, se1, t1, p1 = mech.one_sample([0.1, 0.3, 0.2])
+    assert m == pytest.approx(0.2) and t1 == pytest.approx(0.2 / (0.1 / math.sqrt(3)))
+    assert 0 < p < 1 and 0 < p1 < 1
+
+
+def test_holm_is_step_down_and_monotone():
+    assert mech.holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    assert mech.holm([0.5]) == [0.5]
+
+
+def test_verdicts_holds_contradicted_null_with_power():
+    rng = np.random.default_rng(0)
+    scores = {
+        "a": {s: {"m": 1.0 + 0.01 * rng.normal(), "c": 0.5 + 0.01 * rng.normal()} for s in range(6)},
+        "b": {s: {"m": x} for s, x in enumerate([0.0, 0.01, -0.01, 0.004, -0.004, 0.002])},  # c permuted: no effect
+        "c": {s: {"m": x} for s, x in enumerate([0.004, -0.01, 0.0, 0.01, -0.004, 0.002])},
+    }
+    protocol = (
+        mech.MechanismTest("T1", "p", "a beats b", "m", "a", "b"),
+        mech.MechanismTest("T2", "p", "b beats a", "m", "b", "a"),
+        mech.MechanismTest("T3", "p", "b beats c", "m", "b", "c"),
+        mech.MechanismTest("T4", "p", "c of a above 0", "c", "a", None),
+    )
+    rows = {r["id"]: r for r in mech.decide(scores, {"m": 0.01, "c": 0.01}, protocol=protocol)}
+    assert rows["T1"]["verdict"] == "holds" and rows["T2"]["verdict"] == "contradicted"
+    assert rows["T3"]["verdict"] == "null" and rows["T4"]["verdict"] == "holds"
+    assert rows["T1"]["sesoi"] == pytest.approx(0.02)
+    assert rows["T1"]["power_at_sesoi"] == pytest.approx(power_two_sample(0.02, 0.01, 6))
+    assert all(r["p_holm"] >= r["p"] for r in rows.values())
+    assert "| T1 |" in mech.markdown(list(rows.values()))
+
+
+def test_the_protocol_reads_only_planned_runs_and_known_metrics():
+    runs = set(mech.RUNS)
+    assert all(t.arm in runs and (t.ref is None or t.ref in runs) for t in mech.PROTOCOL)
+    assert {t.id for t in mech.PROTOCOL if t.family} == {"M1", "M2", "M3", "M4"}
