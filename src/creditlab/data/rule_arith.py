@@ -38,10 +38,8 @@ from creditlab.data.schema import boxed, make_record
 from creditlab.data.synthetic import (
     DEFAULT_MAX_VALUE,
     DEFAULT_OPS,
-    _inclusive,
-    _unique_draws,
     apply_op,
-    count_problems,
+    draw_chains,
     generate_problem,
 )
 
@@ -161,19 +159,12 @@ def generate_rule_split(
     check_rules(rules, separators)
     if not 0.0 <= float(rule_frac) <= 1.0:
         raise ValueError(f"rule_frac must be in [0, 1], got {rule_frac}")
-    n_lo, n_hi = _inclusive(n_ops_range, "n_ops_range")
-    d_lo, d_hi = _inclusive(digits_range, "digits_range")
-    available = sum(count_problems(k, d_hi, ops, max_value) for k in range(n_lo, n_hi + 1))
-    rng = np.random.default_rng(seed)
 
-    def draw() -> tuple[str, tuple]:
-        n_ops = int(rng.integers(n_lo, n_hi + 1))
-        digits = int(rng.integers(d_lo, d_hi + 1))
+    def make(rng: np.random.Generator, n_ops: int, digits: int) -> tuple[str, dict[str, Any]]:
         p = generate_rule_problem(rng, n_ops, digits, rules, rule_frac, separators, ops, max_value)
-        return p["question"], (n_ops, digits, p)
+        return p["question"], p
 
-    knobs = f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, max_value={max_value}"
-    draws = _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)
+    draws = draw_chains(seed, n, n_ops_range, digits_range, exclude, make, split=split, ops=ops, max_value=max_value)
     return [
         make_record(
             id=f"{source}/{split}/{i:06d}",

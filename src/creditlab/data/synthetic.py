@@ -210,6 +210,36 @@ def _unique_draws(
     return items
 
 
+def draw_chains(
+    seed: int,
+    n: int,
+    n_ops_range: Sequence[int],
+    digits_range: Sequence[int],
+    exclude: Iterable[str],
+    make: Callable[[np.random.Generator, int, int], tuple[str, Any]],
+    *,
+    split: str,
+    ops: Sequence[str],
+    max_value: int,
+) -> list[tuple[int, int, Any]]:
+    """``n`` problems of unique questions (none in ``exclude``): per draw ``n_ops`` and ``digits`` uniform in their
+    inclusive ranges, then ``make(rng, n_ops, digits) -> (question, problem)``. Returns (n_ops, digits, problem) per
+    problem. The space's size is bounded by :func:`count_problems` (ValueError as :func:`_unique_draws`)."""
+    n_lo, n_hi = _inclusive(n_ops_range, "n_ops_range")
+    d_lo, d_hi = _inclusive(digits_range, "digits_range")
+    available = sum(count_problems(k, d_hi, ops, max_value) for k in range(n_lo, n_hi + 1))
+    rng = np.random.default_rng(seed)
+
+    def draw() -> tuple[str, tuple]:
+        n_ops = int(rng.integers(n_lo, n_hi + 1))
+        digits = int(rng.integers(d_lo, d_hi + 1))
+        question, problem = make(rng, n_ops, digits)
+        return question, (n_ops, digits, problem)
+
+    knobs = f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, max_value={max_value}"
+    return _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)
+
+
 def generate_split(
     seed: int,
     n: int,
@@ -232,19 +262,18 @@ def generate_split(
         ValueError: if fewer than ``n`` distinct problems exist for the ranges, or if the
             generator stalls (the unexcluded part of the space is too small for ``n``).
     """
-    n_lo, n_hi = _inclusive(n_ops_range, "n_ops_range")
-    d_lo, d_hi = _inclusive(digits_range, "digits_range")
-    available = sum(count_problems(k, d_hi, ops, max_value) for k in range(n_lo, n_hi + 1))
-    rng = np.random.default_rng(seed)
-
-    def draw() -> tuple[str, tuple]:
-        n_ops = int(rng.integers(n_lo, n_hi + 1))
-        digits = int(rng.integers(d_lo, d_hi + 1))
-        problem = generate_problem(rng, n_ops, digits, ops, max_value)
-        return problem[0], (n_ops, digits, *problem)
-
-    knobs = f"n_ops in [{n_lo}, {n_hi}], digits in [{d_lo}, {d_hi}], ops={list(ops)}, max_value={max_value}"
-    draws = _unique_draws(n, draw, exclude, split=split, available=available, knobs=knobs)
+    draws = draw_chains(
+        seed,
+        n,
+        n_ops_range,
+        digits_range,
+        exclude,
+        lambda rng, n_ops, digits: (lambda p: (p[0], p))(generate_problem(rng, n_ops, digits, ops, max_value)),
+        split=split,
+        ops=ops,
+        max_value=max_value,
+    )
+    draws = [(n_ops, digits, *problem) for n_ops, digits, problem in draws]
     return [
         make_record(
             id=f"{source}/{split}/{i:06d}",
