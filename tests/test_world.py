@@ -40,3 +40,36 @@ def test_a_job_refuses_data_of_another_world(tmp_path):
     with pytest.raises(ValueError, match=r"holds the tiny world 'tiny_arith'.*'tiny_rule'.*one world per results root"):
         check_prepared_world(tmp_path, {"data": {"name": "tiny_rule"}})
     check_prepared_world(tmp_path / "none", {"data": {"name": "tiny_rule"}})  # not prepared yet: the read will say
+
+
+def test_a_micro_run_trains_on_the_rule_world_through_the_cli(tmp_path):
+    """prepare, warm-up and a 4-step run at micro scale with --world tiny_rule: the prepared records carry rule letters
+    and the warm-up text; the run's config is the rule world's; the same data refuse a job of the default world."""
+    import os
+    import subprocess
+    import sys
+
+    from creditlab.data.io import read_records
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "creditlab", "--results", str(tmp_path), "--scale", "micro", "--quiet"]
+    rule = [*cli, "--world", "tiny_rule", "--papers", "cancellation"]
+
+    def run(args, ok=True):
+        out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+        assert (out.returncode == 0) == ok, out.stderr[-3000:]
+        return out
+
+    run([*rule, "prepare"])
+    train = read_records(tmp_path / "micro" / "data" / "train.parquet")
+    assert {r["source"] for r in train} == {"tiny_rule_arith"}
+    assert any(r["meta"]["letters"] for r in train) and all("sft_solution" in r["meta"] for r in train)
+    run([*rule, "warmup", "--backbone", "micro-s"])
+    run([*rule, "train", "--backbone", "micro-s", "--run", "dapo", "--seed", "0"])
+    run_dir = tmp_path / "micro" / "runs" / "micro-s" / "dapo" / "s0"
+    assert json.loads((run_dir / "DONE").read_text())["steps_done"] == 4
+    assert "name: tiny_rule_arith" in (run_dir / "config.yaml").read_text()
+    refused = run(
+        [*cli, "--papers", "cancellation", "train", "--backbone", "micro-s", "--run", "qb", "--seed", "0"], ok=False
+    )
+    assert "holds the tiny world 'tiny_rule_arith'" in refused.stderr

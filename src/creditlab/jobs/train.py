@@ -20,6 +20,7 @@ from creditlab.data.io import read_records
 from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.trainer import Trainer, write_history
 from creditlab.jobs.common import load_model, load_tokenizer, setup, start_run_tracker, write_json
+from creditlab.models.sources import check_prepared_world
 from creditlab.plan import run_config
 from creditlab.rewards.scorer import RewardScorer
 from creditlab.tracking.mlflow_tracker import tracking_uri
@@ -40,6 +41,10 @@ def train(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
     fill = dict(results=results, scale=run.scale, backbone=run.backbone, run=run.run, seed=run.seed)
     run_dir, ckpt_dir = paths.fmt(paths.RUN_DIR, **fill), paths.fmt(paths.CKPT_DIR, **fill)
     data_dir = paths.fmt(paths.DATA_DIR, **fill)
+    try:
+        check_prepared_world(data_dir, cfg)  # before the run directory exists: nothing of another world is written
+    except ValueError as err:
+        raise SystemExit(f"train {run.key}: {err}") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     tok = load_tokenizer(data_dir)
