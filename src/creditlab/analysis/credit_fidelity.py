@@ -68,7 +68,6 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -84,18 +83,17 @@ from creditlab.analysis.fidelity_metrics import (  # noqa: F401  (re-exported: t
     spearman,
     top_set,
 )
-from creditlab.analysis.value import item_seed, sample_continuations
-from creditlab.lm.batch import pack, response_forward, response_logprobs
+from creditlab.analysis.mc_truth import (  # noqa: F401  (re-exported: the truth of this analysis)
+    BRANCH,
+    coupled_outcomes,
+    forward_logprobs,
+    sampling_probs,
+    token_truth,
+)
+from creditlab.lm.batch import pack, response_forward
 from creditlab.lm.sampler import (
     SamplingParams,
-    choose_tokens,
-    draw_uniforms,
-    filter_logits,
-    nucleus,
 )
-
-BRANCH = 2
-"""``item_seed`` branch of the fidelity uniforms (value.py uses 0 and 1)."""
 
 DEFAULT_METHODS: tuple[dict[str, Any], ...] = (
     {"label": "DAPO (uniform)", "method": "dapo"},
@@ -120,136 +118,6 @@ ENTRY_KEYS = ("label", "method", "run", "criterion", "overrides", "policy")
 REALISED = "realised (own update)"
 """Label of the realised credit: Δ log pi(o_t) after one update of the run's own method on the batch."""
 POLICIES = ("rollout", "moved")
-
-
-# ---------------------------------------------------------------------------------------------------------- truth
-def sampling_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """The distribution the sampler draws from (temperature, top-k, top-p; ``choose_tokens``'s): [N, V] -> [N, V]."""
-    logits = filter_logits(logits.float(), params)
-    if params.top_p < 1.0:
-        sorted_logits, order = nucleus(logits, params.top_p)
-        return torch.zeros_like(logits).scatter(1, order, torch.softmax(sorted_logits, dim=-1))
-    return torch.softmax(logits, dim=-1)
-
-
-def _forward_logits(model, prompts, responses, pad_id: int, rows: int = 64) -> list[Tensor]:
-    """Per rollout, the policy's next-token log-probs at each response position: [L_i, V] float32 (CPU)."""
-    out: list[Tensor] = []
-    device = next(model.parameters()).device
-    cast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    for s in range(0, len(prompts), rows):
-        p, r = prompts[s : s + rows], responses[s : s + rows]
-        with torch.no_grad(), cast:
-            lp = response_logprobs(model, pack(p, [x if x else [pad_id] for x in r], pad_id)).float().cpu()
-        out += [lp[k, : len(x)] for k, x in enumerate(r)]
-    return out
-
-
-def coupled_outcomes(
-    model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    golds: Sequence[Any],
-    reward_fn: Callable[[list[list[int]], list[Any]], list[float]],
-    params: SamplingParams,
-    *,
-    K: int,
-    pad_id: int,
-    chunk: int = 512,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Coupled Monte Carlo outcomes of every prefix of every rollout (module docstring, "Truth").
-
-    prompts, responses, golds: R rollouts (token lists; ``golds[i]`` is passed to ``reward_fn`` with rollout i's
-    responses). reward_fn(responses, golds) -> rewards: the reward of full responses (token lists, the prompt
-    excluded). params: the sampling (token choice, stop tokens, the response budget ``max_new_tokens``, ``seed``);
-    pad_id: the padding of the scoring forward. Continuation j of rollout i draws its tokens from the uniforms
-    ``draw_uniforms(K, max_new_tokens, 1, item_seed(seed, i, 0, BRANCH))[j, :, 0]`` indexed by response position.
-    Returns {"C": [Tensor[K, L_i + 1] float64] (C[j, t]: reward of continuation j from the prefix o_<t; column L_i
-    the rollout's own reward), "pairs" (sum_i K L_i), "deviations" (pairs whose first token differs from the
-    rollout's), "decoded_tokens" (tokens the sampler generated), "rewards" (each rollout's reward by reward_fn)}.
-    """
-    if K < 2:
-        raise ValueError(f"K must be >= 2 (split halves, a paired standard error), got {K}")
-    stops, max_new_tokens = set(params.stop_ids), params.length()
-    R = len(responses)
-    uni = [draw_uniforms(K, max_new_tokens, 1, item_seed(params.seed, i, 0, BRANCH))[..., 0] for i in range(R)]  # [K,M]
-    logp = _forward_logits(model, prompts, responses, pad_id)
-    first: list[Tensor] = []
-    for i, resp in enumerate(responses):
-        L = len(resp)
-        if L == 0:
-            first.append(torch.zeros(K, 0, dtype=torch.long))
-            continue
-        lg = logp[i].repeat_interleave(K, dim=0)  # rows (t, j)
-        u = uni[i][:, :L].T.reshape(-1)
-        first.append(choose_tokens(lg, params, u).view(L, K).T)  # [K, L]
-    dev_items: list[tuple[int, int, int]] = []
-    heads: list[list[int]] = []
-    prefixes, budgets, us, which = [], [], [], []
-    for i, resp in enumerate(responses):
-        y = torch.as_tensor(list(resp), dtype=torch.long)
-        for j, t in (first[i] != y[None, :]).nonzero().tolist():
-            tok = int(first[i][j, t])
-            head = list(resp[:t]) + [tok]
-            budget = 0 if tok in stops else max_new_tokens - t - 1
-            dev_items.append((i, t, j))
-            heads.append(head)
-            if budget > 0:
-                which.append(len(heads) - 1)
-                prefixes.append(list(prompts[i]) + head)
-                budgets.append(budget)
-                us.append(uni[i][j, t + 1 : t + 1 + budget][None])
-    conts = (
-        sample_continuations(
-            model, prefixes, budgets, [0] * len(prefixes), params, n=1, chunk=chunk, progress=progress, uniforms=us
-        )
-        if prefixes
-        else []
-    )
-    full = [list(h) for h in heads]
-    decoded = 0
-    for k, c in zip(which, conts):
-        full[k] += c[0]
-        decoded += len(c[0])
-    dev_golds = [golds[i] for i, _, _ in dev_items]
-    rewards = reward_fn([list(r) for r in responses] + full, list(golds) + dev_golds)
-    own, dev_r = rewards[:R], rewards[R:]
-    C: list[Tensor] = []
-    dev_of: dict[tuple[int, int, int], float] = {it: float(r) for it, r in zip(dev_items, dev_r)}
-    for i, resp in enumerate(responses):
-        L = len(resp)
-        c = torch.empty(K, L + 1, dtype=torch.float64)
-        c[:, L] = float(own[i])
-        y = torch.as_tensor(list(resp), dtype=torch.long)
-        same = first[i] == y[None, :] if L else torch.zeros(K, 0, dtype=torch.bool)
-        for t in range(L - 1, -1, -1):
-            for j in range(K):
-                c[j, t] = c[j, t + 1] if same[j, t] else dev_of[(i, t, j)]
-        C.append(c)
-    return {
-        "C": C,
-        "pairs": int(sum(K * len(r) for r in responses)),
-        "deviations": len(dev_items),
-        "decoded_tokens": decoded,
-        "rewards": [float(r) for r in own],
-    }
-
-
-def token_truth(C: Sequence[Tensor]) -> dict[str, list[Tensor]]:
-    """Per rollout, from the coupled outcomes C [K, L + 1]: ``adv`` [L] = mean_j d_j, ``se`` [L] = std_j(d_j) /
-    sqrt(K) (unbiased std), ``half1`` / ``half2`` [L] = mean of d_j over j < K // 2 / j >= K // 2, ``value`` [L + 1]
-    = mean_j C[j, t]; d_j = C[j, t + 1] - C[j, t] (float64)."""
-    out: dict[str, list[Tensor]] = {k: [] for k in ("adv", "se", "half1", "half2", "value")}
-    for c in C:
-        K = c.shape[0]
-        d = c[:, 1:] - c[:, :-1]
-        out["adv"].append(d.mean(0))
-        out["se"].append(d.std(0, unbiased=True) / math.sqrt(K) if d.shape[1] else d.sum(0))
-        out["half1"].append(d[: K // 2].mean(0))
-        out["half2"].append(d[K // 2 :].mean(0))
-        out["value"].append(c.mean(0))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------- credit
@@ -636,15 +504,15 @@ def _criterion_rows(ctx, name: str, ro, rows: list[int], reference: str) -> Tens
     """A criterion's score of every token of the truth's rows (Tensor[R, T] float64, 0 on padding)."""
     tr = ctx.trainer
     P, Rsp = [ro.prompts[i] for i in rows], [ro.responses[i] for i in rows]
-    pol = _forward_logits(tr.model, P, Rsp, tr.tok.pad_token_id)
+    pol = forward_logprobs(tr.model, P, Rsp, tr.tok.pad_token_id)
     ref_model = tr.model
     if getattr(tr, "peft", None) is None and getattr(ctx, "reference", None) is not None:
         ref_model = ctx.reference() or tr.model
     if getattr(tr, "peft", None) is not None:
         with tr.peft.disable_adapter():
-            ref = _forward_logits(tr.model, P, Rsp, tr.tok.pad_token_id)
+            ref = forward_logprobs(tr.model, P, Rsp, tr.tok.pad_token_id)
     else:
-        ref = _forward_logits(ref_model.to(tr.device).eval(), P, Rsp, tr.tok.pad_token_id)
+        ref = forward_logprobs(ref_model.to(tr.device).eval(), P, Rsp, tr.tok.pad_token_id)
     T = max(len(r) for r in Rsp)
     out = torch.zeros(len(rows), T, dtype=torch.float64)
     for k, r in enumerate(Rsp):
@@ -678,7 +546,7 @@ def planted_check(
     and the estimator's error on the oracle (``max_abs_after_first``: |A_hat| after the first token, exactly 0 by
     construction; ``first_token_z``: the mean error at the first token in units of its standard error)."""
     length, seed = params.length(), params.seed
-    logp = _forward_logits(model, prompts, responses, pad_id)
+    logp = forward_logprobs(model, prompts, responses, pad_id)
     P2, R2, S, pS = [], [], [], []
     for i, resp in enumerate(responses):
         if not resp:

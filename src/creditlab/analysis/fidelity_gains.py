@@ -28,7 +28,7 @@ NEEDS_MODEL = False
 
 def permutation_spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -> tuple[float, float]:
     """(Spearman ρ(x, y), two-sided permutation p = (1 + #{|ρ(x, perm y)| >= |ρ|}) / (1 + n_perm))."""
-    from creditlab.analysis.credit_fidelity import spearman
+    from creditlab.analysis.fidelity_metrics import spearman
 
     rho = spearman(x, y)
     if not np.isfinite(rho):

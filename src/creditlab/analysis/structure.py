@@ -16,7 +16,7 @@ Two measurements of a policy pi:
    entropy (nats) of pi's next-token distribution. Structure wanted: decisive p ~ 1/2 and entropy ~ log 2 (at
    chance), separator entropy ~ log |separators| (truly uncertain), operator / other p ~ 1.
 2. **On the policy's own rollouts**, the Monte Carlo true advantages A*_{i,t} of
-   :func:`creditlab.analysis.credit_fidelity.coupled_outcomes` (K coupled continuations per prefix): per kind, the
+   :func:`creditlab.analysis.mc_truth.coupled_outcomes` (K coupled continuations per prefix): per kind, the
    share of sum |A*| it carries, its mean |A*| and the share of exactly-zero estimates. Structure wanted: the decisive
    tokens carry a large share of the credit, the separators ~none.
 """
@@ -161,7 +161,7 @@ def measure(
     the first ``n_prompts`` records that have a decisive token (or of the first records, when none has)."""
     from pathlib import Path
 
-    from creditlab.analysis.credit_fidelity import coupled_outcomes, token_truth
+    from creditlab.analysis.mc_truth import coupled_outcomes, token_truth
     from creditlab.data.io import read_records
     from creditlab.data.tokenizer import sft_examples
     from creditlab.lm.io import load_model, load_tokenizer
