@@ -245,7 +245,7 @@ def test_config_errors_of_the_formats(tmp_path: Path) -> None:
         prepare_tiny(bad, tmp_path)
     bad = copy.deepcopy(CFG)
     bad["train"]["format"] = "code"
-    with pytest.raises(ValueError, match="train.format: 'code' is not allowed here; valid: \\['arith'\\]"):
+    with pytest.raises(ValueError, match=r"train.format: 'code' is not allowed here; valid: \['arith', 'rule'\]"):
         prepare_tiny(bad, tmp_path)
     bad = copy.deepcopy(CFG)
     bad[WARMUP_EXTRA]["more"] = {"n": 5, "n_ops": [1, 1], "digits": [1, 1]}
