@@ -21,6 +21,10 @@ def test_power_matches_a_simulated_two_sample_t_test():
         rate = float(np.mean(stats.ttest_ind(a, b, axis=1).pvalue < 0.05))
         assert noise.power_two_sample(d, 1.0, n) == pytest.approx(rate, abs=0.015)
     assert noise.power_two_sample(0.0, 1.0, 5) == pytest.approx(0.05, abs=1e-9)
+    for n, d in ((4, 1.5), (6, 1.0)):  # the one-sample test (mechanisms' within-run contrasts)
+        x = rng.normal(d, 1.0, size=(20_000, n))
+        rate = float(np.mean(stats.ttest_1samp(x, 0.0, axis=1).pvalue < 0.05))
+        assert noise.power_one_sample(d, 1.0, n) == pytest.approx(rate, abs=0.015)
 
 
 def test_mde_is_the_effect_at_eighty_percent_power_and_the_normal_formula_for_many_seeds():

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from creditlab.analysis.noise import ALPHA, power_two_sample
+from creditlab.analysis.noise import ALPHA, power_one_sample, power_two_sample
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,6 @@ def decide(
     (metric -> seed sd of the noise runs). Returns one row per test: effect, se, t, p, Holm p (family), verdict, n,
     SESOI and the power to detect it (two-sample: the exact t test's with the smaller arm's n; one-sample: the
     noncentral t's with the seeds used)."""
-    from scipy import stats
 
     rows = []
     for t in protocol:
@@ -153,12 +152,7 @@ def decide(
             n = min(len(a), len(b))
         sd = float(noise_sd.get(t.metric, float("nan")))
         sesoi = sesoi_sds * sd
-        if t.ref is None:
-            df, delta = n - 1, sesoi / (sd / math.sqrt(n)) if sd > 0 else float("inf")
-            crit = stats.t.ppf(1 - ALPHA / 2, df)
-            power = float(stats.nct.sf(crit, df, delta) + stats.nct.cdf(-crit, df, delta))
-        else:
-            power = power_two_sample(sesoi, sd, n)
+        power = power_one_sample(sesoi, sd, n) if t.ref is None else power_two_sample(sesoi, sd, n)
         rows.append(
             {
                 "id": t.id,

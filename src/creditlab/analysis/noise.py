@@ -53,6 +53,20 @@ def power_two_sample(effect: float, sd: float, n: int, alpha: float = ALPHA) -> 
     return float(stats.nct.sf(crit, df, delta) + stats.nct.cdf(-crit, df, delta))
 
 
+def power_one_sample(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided one-sample t test (n values of sd ``sd``) to detect a true mean ``effect`` != 0:
+    P(|T| > t_{1-alpha/2, n-1}) with T ~ noncentral t(n - 1, delta = effect / (sd / sqrt(n)))."""
+    from scipy import stats
+
+    if n < 2:
+        return float("nan")
+    if sd <= 0:
+        return 1.0 if effect != 0 else alpha
+    df, delta = n - 1, abs(effect) / (sd / math.sqrt(n))
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, delta) + stats.nct.cdf(-crit, df, delta))
+
+
 def mde_two_sample(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """Smallest true difference the two-sided two-sample t test with ``n`` seeds per arm detects with
     probability ``power`` (bisection on :func:`power_two_sample`); nan for n < 2."""
@@ -224,14 +238,14 @@ def measure(
     kinds = [token_kinds(r, tok, (x.get("meta") or {}).get("decisive") or []) for r, x in zip(responses, recs)]
     base_model = load_model(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)))
 
-    def probe_scores(model_dir: Path) -> dict[str, float]:
+    def probe_scores(model_dir: Path, rank: bool = True) -> dict[str, float]:
         model = load_model(model_dir)
         g = gold_scores(model, prompts, responses, spans, tok.pad_token_id)
         out = {f"probe/{k}": float(v.mean()) for k, v in g.items()}
         for kind, v in gold_structure(model, prompts, responses, kinds, tok.pad_token_id).items():
             if v["n"]:  # per token kind on the same fixed states (analysis/structure.py): p(gold token), entropy
                 out[f"probe/{kind}_p"], out[f"probe/{kind}_entropy"] = v["p_mean"], v["entropy_mean"]
-        if model is not base_model and any("decisive" in k for k in kinds):  # Paper A's ranking, against the base
+        if rank and any("decisive" in k for k in kinds):  # Paper A's ranking of a trained model, against the base
             rank = decisive_ranking(model, base_model, prompts, responses, kinds, tok.pad_token_id)
             out |= {f"rank/{k}": float(v) for k, v in rank.items() if k not in ("n_decisive", "n_tokens")}
             out["rank/dlogp_minus_entropy"] = rank["dlogp"] - rank["entropy"]
@@ -248,8 +262,7 @@ def measure(
         scores = probe_scores(run_dir / "final")
         scores.update(_sampled_scores(ev, suites))
         per_seed[int(s)] = scores
-    base = probe_scores(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)))
-    base = {k: v for k, v in base.items() if not k.startswith("rank/")}
+    base = probe_scores(Path(paths.fmt(paths.BASE_DIR, results=results, scale=scale, backbone=backbone)), rank=False)
     return {
         "backbone": backbone,
         "run": run,
