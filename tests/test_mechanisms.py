@@ -44,11 +44,21 @@ def test_verdicts_holds_contradicted_null_with_power():
     assert rows["T3"]["verdict"] == "null" and rows["T4"]["verdict"] == "holds"
     assert rows["T1"]["sesoi"] == pytest.approx(0.02)
     assert rows["T1"]["power_at_sesoi"] == pytest.approx(power_two_sample(0.02, 0.01, 6))
+    assert rows["T1"]["power_at_sesoi_holm"] == pytest.approx(power_two_sample(0.02, 0.01, 6, alpha=0.05 / 4))
     assert all(r["p_holm"] >= r["p"] for r in rows.values())
     assert "| T1 |" in mech.markdown(list(rows.values()))
 
 
-def test_the_protocol_reads_only_planned_runs_and_known_metrics():
-    runs = set(mech.RUNS)
-    assert all(t.arm in runs and (t.ref is None or t.ref in runs) for t in mech.PROTOCOL)
-    assert {t.id for t in mech.PROTOCOL if t.family} == {"M1", "M2", "M3", "M4"}
+def test_each_protocol_reads_only_planned_runs():
+    """Every run a protocol reads is a run of the tiny plan of its papers (the CLI trains them by these names); v2
+    keeps v1's tests unchanged (a protocol is never edited after its verdicts) and adds RB's."""
+    from creditlab.plan import build_plan
+
+    plan = build_plan({"scale": "tiny", "papers": ["cancellation", "delta", "dfpo"], "seeds": [0]}, validate=False)
+    planned = {r.run for r in plan.runs.values() if r.backbone == "tiny-s"}
+    for name, protocol in mech.PROTOCOLS.items():
+        assert set(mech.protocol_runs(protocol)) <= planned, name
+    assert {t.id for t in mech.PROTOCOLS["v1"] if t.family} == {"M1", "M2", "M3", "M4"}
+    assert set(mech.PROTOCOLS["v1"]) < set(mech.PROTOCOLS["v2"])
+    assert {t.id for t in mech.PROTOCOLS["v2"] if t.family} == {"M1", "M2", "M3", "M4", "M5"}
+    assert mech.protocol_runs(mech.PROTOCOLS["v2"]) == ["delta", "dapo", "qb", "dfpo", "grpo", "rb"]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from creditlab.models.sources import check_prepared_world
-from creditlab.plan import PlanError, build_plan, run_config
+from creditlab.plan import PlanError, build_plan, run_config, world_run_overrides
 
 
 def _pipeline(**kw):
@@ -32,6 +32,42 @@ def test_the_plan_refuses_an_unknown_world_and_a_tiny_world_at_paper_scale():
         build_plan(_pipeline(world="dapo_math_17k"), validate=False)
     with pytest.raises(PlanError, match=r"at scale 'paper' the runs read the papers' datasets"):
         build_plan(_pipeline(world="tiny_rule", scale="paper", tables=None), validate=False)
+
+
+def test_a_world_sets_its_rl_budget_and_a_run_still_overrides_it():
+    """tiny_rule's `rl_overrides.tiny` reach every tiny run, before the run's own overrides (ARCA's LoRA lr wins);
+    micro keeps the scale's budget; a malformed budget is refused with its key."""
+    import yaml
+
+    budget = yaml.safe_load(open("configs/data/tiny_rule.yaml"))["rl_overrides"]["tiny"]
+    lr = float(next(x for x in budget if x.startswith("trainer.lr=")).split("=")[1])
+    plan = build_plan(
+        _pipeline(scale="tiny", papers=["cancellation", "arca"], tables=None, world="tiny_rule"), validate=False
+    )
+    dapo = next(r for r in plan.runs.values() if r.run == "dapo")
+    assert dapo.overrides[: 1 + len(budget)] == ("data=tiny_rule", *budget)
+    assert run_config(dapo)["trainer"]["lr"] == lr
+    lora = next(r for r in plan.runs.values() if r.method.startswith("arca"))
+    assert run_config(lora)["trainer"]["lr"] != lr  # the run's own trainer.lr comes later and wins
+    assert world_run_overrides("tiny_rule", "micro") == ("data=tiny_rule",)
+    assert world_run_overrides("tiny_arith", "tiny") == ()
+
+
+@pytest.mark.parametrize(
+    "budget, match",
+    [
+        ({"tiny": ["data.train.n=5"]}, r"rl_overrides.tiny: 'data.train.n=5' is no trainer.<key>=<value> override"),
+        ({"paper": ["trainer.lr=1"]}, r"rl_overrides: 'paper' is no tiny-world scale"),
+        ({"tiny": "trainer.lr=1"}, r"rl_overrides: must map a scale to a list"),
+    ],
+)
+def test_a_malformed_world_budget_is_refused_with_its_key(tmp_path, budget, match):
+    import yaml
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "w.yaml").write_text(yaml.safe_dump({"rl_overrides": budget}))
+    with pytest.raises(PlanError, match=match):
+        world_run_overrides("w", "tiny", tmp_path)
 
 
 def test_a_job_refuses_data_of_another_world(tmp_path):

@@ -40,7 +40,7 @@ class MechanismTest:
     family: bool = True
 
 
-PROTOCOL: tuple[MechanismTest, ...] = (
+V1: tuple[MechanismTest, ...] = (
     MechanismTest(
         "M1",
         "delta",
@@ -90,11 +90,45 @@ PROTOCOL: tuple[MechanismTest, ...] = (
         "S3", "dfpo", "accuracy: DFPO vs GRPO (avg@8, medium + hard, pp)", "avg_sampled", "dfpo", "grpo", 1, False
     ),
 )
-"""The protocol of docs/papers/mechanisms.md (M: the Holm family; S: secondary, reported without a verdict family)."""
-RUNS = ("dapo", "delta", "qb", "grpo", "dfpo")
+"""Protocol v1 of docs/papers/mechanisms.md (M: the Holm family; S: secondary, reported without a verdict family):
+the tiny scale's lr 3e-5."""
+
+V2: tuple[MechanismTest, ...] = (
+    *V1[:4],
+    MechanismTest(
+        "M5",
+        "cancellation",
+        "RB drifts less on ignorable tokens (separator entropy) than the baseline",
+        "probe/separator_entropy",
+        "rb",
+        "dapo",
+    ),
+    *V1[4:],
+    MechanismTest(
+        "S4",
+        "cancellation",
+        "accuracy: RB vs baseline (avg@8, medium + hard, pp)",
+        "avg_sampled",
+        "rb",
+        "dapo",
+        1,
+        False,
+    ),
+)
+"""Protocol v2 (docs/papers/mechanisms.md section 5): tiny_rule with its own RL budget (lr 2e-4, design note 57);
+v1's tests and RB's drift (M5), which binds there."""
+
+PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2}
+PROTOCOL = V2
+"""The current protocol."""
 SUITES = ("medium", "hard")
 """The suites of the sampled accuracy: those every run's evaluation has (DFPO's tables read no ``easy``)."""
-"""The runs the protocol reads (plan run names: cancellation's dapo / qb, delta's delta, dfpo's grpo / dfpo)."""
+
+
+def protocol_runs(protocol: Sequence[MechanismTest]) -> list[str]:
+    """The plan run names a protocol reads (cancellation's dapo / qb / rb, delta's delta, dfpo's grpo / dfpo), in
+    order of first use."""
+    return list(dict.fromkeys(r for t in protocol for r in (t.arm, t.ref) if r is not None))
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, float]:
@@ -138,7 +172,7 @@ def decide(
     """Every test of ``protocol`` on ``scores`` (run -> seed -> metric -> value) with its SESOI from ``noise_sd``
     (metric -> seed sd of the noise runs). Returns one row per test: effect, se, t, p, Holm p (family), verdict, n,
     SESOI and the power to detect it (two-sample: the exact t test's with the smaller arm's n; one-sample: the
-    noncentral t's with the seeds used)."""
+    noncentral t's with the seeds used; also at alpha / family size, Holm's worst case)."""
 
     rows = []
     for t in protocol:
@@ -152,7 +186,9 @@ def decide(
             n = min(len(a), len(b))
         sd = float(noise_sd.get(t.metric, float("nan")))
         sesoi = sesoi_sds * sd
-        power = power_one_sample(sesoi, sd, n) if t.ref is None else power_two_sample(sesoi, sd, n)
+        m = sum(x.family for x in protocol) if t.family else 1
+        power_at = power_one_sample if t.ref is None else power_two_sample
+        power, power_holm = power_at(sesoi, sd, n), power_at(sesoi, sd, n, alpha=ALPHA / m)
         rows.append(
             {
                 "id": t.id,
@@ -171,6 +207,7 @@ def decide(
                 "noise_sd": sd,
                 "sesoi": sesoi,
                 "power_at_sesoi": power,
+                "power_at_sesoi_holm": power_holm,  # at alpha / (family size): the first step of Holm, its worst case
             }
         )
     fam = [r for r in rows if r["family"]]
@@ -188,7 +225,8 @@ def decide(
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The verdicts as a Markdown table."""
     lines = [
-        "| test | paper | claim | metric | n/arm | effect ± se | t | p | p (Holm) | verdict | SESOI | power at SESOI |",
+        "| test | paper | claim | metric | n/arm | effect ± se | t | p | p (Holm) | verdict | SESOI | power at SESOI "
+        "(alpha / m) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -196,14 +234,15 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {r['id']} | {r['paper']} | {r['claim']} | `{r['metric']}` | {r['n']} | {r['effect']:+.4g} ± "
             f"{r['se']:.2g} | {r['t']:.2f} | {r['p']:.3g} | {ph} | **{r['verdict']}** | {r['sesoi']:.3g} | "
-            f"{r['power_at_sesoi']:.2f} |"
+            f"{r['power_at_sesoi']:.2f} ({r['power_at_sesoi_holm']:.2f}) |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m creditlab.analysis.mechanisms --results R --seeds 10,...,15 --noise R/tiny/analyses/noise_...json``:
-    the protocol's verdicts on the runs of ``RUNS`` under results root R (JSON + Markdown beside the noise file)."""
+    a protocol's verdicts on the runs it reads under results root R (``R/<scale>/analyses/mechanisms_<protocol>``:
+    JSON + Markdown)."""
     import argparse
     import json
     from pathlib import Path
@@ -219,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", required=True)
     ap.add_argument("--noise", required=True, help="the noise JSON (analysis/noise.py) the SESOIs come from")
     ap.add_argument("--probe-n", type=int, default=100)
+    ap.add_argument("--protocol", default="v2", choices=sorted(PROTOCOLS))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(x) for x in a.seeds.split(",")]
@@ -226,12 +266,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     noise_sd = {m: v["sd"] for m, v in noise["summary"].items()}
     scores = {
         run: measure(a.results, a.scale, a.backbone, run, seeds, probe_n=a.probe_n, suites=SUITES)["per_seed"]
-        for run in RUNS
+        for run in protocol_runs(PROTOCOLS[a.protocol])
     }
-    rows = decide(scores, noise_sd)
-    out = Path(a.results) / a.scale / "analyses" / "mechanisms.json"
+    rows = decide(scores, noise_sd, protocol=PROTOCOLS[a.protocol])
+    out = Path(a.results) / a.scale / "analyses" / f"mechanisms_{a.protocol}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"seeds": seeds, "noise": a.noise, "scores": scores, "verdicts": rows}, indent=1))
+    out.write_text(
+        json.dumps(
+            {"protocol": a.protocol, "seeds": seeds, "noise": a.noise, "scores": scores, "verdicts": rows}, indent=1
+        )
+    )
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
 

@@ -91,7 +91,10 @@ def _validate_cfg(cfg: Mapping[str, Any]) -> None:
     for name in cfg["suites"]:
         if name in _RESERVED_SPLITS or not str(name).isidentifier():
             raise ValueError(f"data config: invalid suite name {name!r} (identifier, not train/val)")
-    unknown = sorted(set(cfg) - {"name", "seed", "template", "task", "train", "val", "suites", WARMUP_EXTRA})
+    # rl_overrides: the world's RL budget, read (and checked) by the plan (plan.world_run_overrides), not by prepare
+    unknown = sorted(
+        set(cfg) - {"name", "seed", "template", "task", "train", "val", "suites", WARMUP_EXTRA, "rl_overrides"}
+    )
     if unknown:
         raise ValueError(f"data config: unknown key(s) {unknown}")
     unknown_task = sorted(set(cfg.get("task") or {}) - set(TASK_KEYS))

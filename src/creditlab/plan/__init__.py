@@ -95,7 +95,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
     world = check_world(pipeline.get("world") or DEFAULT_WORLD, scale, config_dir)
-    world_overrides = () if world == DEFAULT_WORLD else (f"data={world}",)
+    world_overrides = world_run_overrides(world, scale, config_dir)
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
     for spec in papers.values():
         check_analysis_kinds(spec)
@@ -183,6 +183,31 @@ def check_world(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> str:
             f"(only {DEFAULT_WORLD!r} there)"
         )
     return world
+
+
+def world_run_overrides(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> tuple[str, ...]:
+    """The overrides every run of a world starts from: ``data=<world>`` (none for the default world), then the world's
+    own RL budget at this scale, its data config's ``rl_overrides.<scale>`` (a list of ``trainer.<key>=<value>``; a
+    run's own overrides come after them and win). PlanError naming the key and the reason for any other entry."""
+    import yaml
+
+    if world == DEFAULT_WORLD:
+        return ()
+    path = Path(config_dir) / "data" / f"{world}.yaml"
+    budget = (yaml.safe_load(path.read_text()) or {}).get("rl_overrides") or {}
+    where = f"{path}: rl_overrides"
+    if not isinstance(budget, dict) or not all(isinstance(v, list) for v in budget.values()):
+        raise PlanError(f"{where}: must map a scale to a list of trainer overrides, got {budget!r}")
+    unknown = sorted(set(budget) - {"tiny", "micro"})
+    if unknown:
+        raise PlanError(f"{where}: {unknown[0]!r} is no tiny-world scale; valid choices: ['micro', 'tiny']")
+    items = [str(x) for x in budget.get(scale, [])]
+    for x in items:
+        if not x.startswith("trainer.") or "=" not in x or x.startswith("trainer.="):
+            raise PlanError(
+                f"{where}.{scale}: {x!r} is no trainer.<key>=<value> override (a world sets its RL budget only)"
+            )
+    return (f"data={world}", *items)
 
 
 def check_analysis_kinds(spec: PaperSpec) -> None:
