@@ -41,6 +41,30 @@ def test_advantage_structure_shares_and_zeros():
     assert s["decisive"]["abs_mean"] == pytest.approx(0.375) and s["answer"]["n"] == 0
 
 
+def test_decisive_steps_are_read_from_the_question_and_label_the_rollouts():
+    """The k-th operator symbol of a rule question is step k's: a rollout's decisive tokens follow from its prompt
+    alone (what credit_fidelity's by-kind credit needs: its rollouts carry no record meta)."""
+    from creditlab.analysis.structure import question_decisive_steps, rollout_kinds
+    from creditlab.data.rule_arith import generate_rule_problem
+    from creditlab.data.tokenizer import build_tokenizer
+
+    assert question_decisive_steps("(23a45d7)*3") == [0, 1]
+    assert question_decisive_steps("Q: 12+3e4*2\nA:") == [1]  # the template's letters are uppercase
+    assert question_decisive_steps("12+3") == []
+    rng = np.random.default_rng(0)
+    rules = {"a": "+", "b": "+", "d": "-", "e": "-"}
+    for _ in range(200):  # against the generator's own record of its letters
+        p = generate_rule_problem(rng, int(rng.integers(1, 4)), 2, rules, 0.5, [" ", ";"])
+        assert question_decisive_steps(p["question"]) == p["decisive"], p
+    tok = build_tokenizer(["Q: A: abde (23a45d7)*3 0123456789+-*=;,\\boxed{}"])
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    kinds = rollout_kinds(tok, [enc("Q: 12a3-4\nA:")], [enc(" 12-3=9;9-4=5 \\boxed{5}")])
+    resp = [tok.decode([i]) for i in enc(" 12-3=9;9-4=5 \\boxed{5}")]
+    assert [r for r, k in zip(resp, kinds[0]) if k == "decisive"] == ["-"]  # the first '-': step 0, written for 'a'
+    assert [r for r, k in zip(resp, kinds[0]) if k == "operator"] == ["-"]
+    assert rollout_kinds(tok, [enc("Q: 12+3\nA:")], [enc(" 12+3=15 \\boxed{15}")]) is None  # no rule letter
+
+
 def test_boxed_reward_reads_the_last_box_exactly():
     from creditlab.data.tokenizer import build_tokenizer
 

@@ -67,6 +67,23 @@ def token_kinds(token_ids: Sequence[int], tokenizer, decisive: Sequence[int]) ->
     return out
 
 
+def question_decisive_steps(question: str) -> list[int]:
+    """Step indices of a question whose operator a rule letter hides, read from its text alone: the k-th operator
+    symbol of the question, left to right (``+ - *`` or a lowercase rule letter), is step k's (rule_arith writes the
+    chain in step order; templates such as ``Q: ... A:`` add only uppercase letters)."""
+    symbols = [c for c in question if c in "+-*" or c.islower()]
+    return [k for k, c in enumerate(symbols) if c.islower()]
+
+
+def rollout_kinds(tokenizer, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> list | None:
+    """:func:`token_kinds` of every rollout, the decisive steps read from its prompt's text
+    (:func:`question_decisive_steps`); None when no prompt has a rule letter (a world without decisive tokens)."""
+    decisive = [question_decisive_steps(tokenizer.decode(list(p), skip_special_tokens=True)) for p in prompts]
+    if not any(decisive):
+        return None
+    return [token_kinds(r, tokenizer, d) for r, d in zip(responses, decisive)]
+
+
 def gold_structure(model, prompts, responses, kinds: Sequence[Sequence[str]], pad_id: int, rows: int = 64) -> dict:
     """Measurement 1: per kind, mean p(gold token), mean entropy and the token count, on teacher-forced gold
     responses. prompts / responses: token ids; kinds: per response token (:func:`token_kinds`)."""
