@@ -296,3 +296,22 @@ def test_a_fixed_k_metric_above_the_runs_eval_k_is_refused_at_plan_time(tmp_path
     cfg_dir = _configs_with(tmp_path, edit)
     with pytest.raises(PlanError, match=r"table 'main' reads pass@64 of run 'micro/.*eval\.k=\d+"):
         build_plan(PIPE, cfg_dir)
+
+
+def test_seeds_given_on_snakemakes_command_line_are_accepted_as_numbers():
+    """`snakemake --config seeds=[0,1,2]` (README) hands the Snakefile strings (Snakemake parses lists with YAML's
+    BaseLoader): the schema takes the digits, the plan plans integer seeds; a negative or non-numeric seed is refused."""
+    from snakemake.cli import parse_config
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    schema = str(REPO / "workflow" / "schemas" / "pipeline.schema.yaml")
+    base = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
+    cli = parse_config(["seeds=[0,1,2]", "scale=micro", "papers=[dlogp]"])
+    assert cli["seeds"] == ["0", "1", "2"]  # what Snakemake really passes
+    cfg = {**base, **cli}
+    validate(cfg, schema)
+    assert sorted({r.seed for r in build_plan(cfg).runs.values()}) == [0, 1, 2]
+    for bad in ("seeds=[-1]", "seeds=[x]"):
+        with pytest.raises(WorkflowError, match="seeds"):
+            validate({**base, **parse_config([bad])}, schema)
