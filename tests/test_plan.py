@@ -300,7 +300,8 @@ def test_a_fixed_k_metric_above_the_runs_eval_k_is_refused_at_plan_time(tmp_path
 
 def test_seeds_given_on_snakemakes_command_line_are_accepted_as_numbers():
     """`snakemake --config seeds=[0,1,2]` (README) hands the Snakefile strings (Snakemake parses lists with YAML's
-    BaseLoader): the schema takes the digits, the plan plans integer seeds; a negative or non-numeric seed is refused."""
+    BaseLoader): the schema takes the digits, the plan plans integer seeds; a negative or non-numeric seed is
+    refused."""
     from snakemake.cli import parse_config
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
