@@ -504,6 +504,11 @@ def test_every_paper_scale_job_starts_on_nodes_of_the_papers_shape(
     versions, calls = _sbatch_calls(_specs(paper_jobs, cluster, tmp_path, settings), tmp_path, env)
     assert versions == cluster_plugins
     assert len(calls) == len(paper_jobs) > 200
+    # every job names its nodes (the profile's default 1, a training run its own): a bare --gpus=N lets SLURM spread
+    # the GPUs over several partly busy nodes, where the one-node job step is refused (seen: an evaluate job's
+    # `srun --gpus=4` "Invalid generic resource (gres) specification" when the jobs below run at once)
+    bare = [c["sbatch"].split(" --wrap")[0] for c in calls if not re.search(r" --nodes=\d+", c["sbatch"])]
+    assert not bare, bare[:3]
     nodes_needed = max(int(c["resources"].get("nodes") or 1) for c in calls)
     assert nodes_needed <= len(cluster.dgx_nodes), nodes_needed
 
