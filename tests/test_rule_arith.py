@@ -120,11 +120,59 @@ def test_the_data_config_refuses_a_rule_split_without_rules_and_prepares_the_wor
     broken = {**cfg, "task": {k: v for k, v in cfg["task"].items() if k != "rules"}}
     with pytest.raises(ValueError, match="task.rules"):
         prepare_tiny(broken, tmp_path / "x")
-    prepare_tiny(cfg, tmp_path / "data")
+    with pytest.raises(ValueError, match="rl_prompts: draws RL prompts by rule letters; train.format must be rule"):
+        prepare_tiny(
+            {**cfg, "train": {k: v for k, v in cfg["train"].items() if k != "rule_frac"} | {"format": "arith"}},
+            tmp_path / "y",
+        )
+    report = prepare_tiny(cfg, tmp_path / "data")
     train = read_records(tmp_path / "data" / "train.parquet")
+    letters = Counter(r["meta"]["letters"] for r in train)  # the report says what the world's runs train on
+    assert report["rl_prompts"]["spec"] == cfg["rl_prompts"] == {"letters": [0, 0.5, 0.5]}
+    assert report["rl_prompts"]["by_letters"] == {1: letters[2], 2: letters[2]}
+    assert report["rl_prompts"]["n"] == 2 * letters[2] > 0
     tok = PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "data" / "tokenizer"))
     _, taught = sft_examples(train, tok, "tiny")
     _, gold = sft_examples(train, tok, "tiny", gold=True)
     for r, t, g in zip(train, taught, gold):  # the warm-up is taught the SFT copy; the probe reads the gold one
         assert tok.decode(t, skip_special_tokens=True) == " " + r["meta"]["sft_solution"]
         assert tok.decode(g, skip_special_tokens=True) == " " + r["solution"]
+
+
+def test_rl_prompts_are_the_largest_subset_of_train_with_the_configured_letter_shares(records):
+    """select_rl_prompts read directly: m_k = floor(n s_k) records of k letters, n = min c_k / s_k over s_k > 0, the
+    first ones of each count, in train order; no block: every record; the result is the same on every call."""
+    from creditlab.data.rule_arith import select_rl_prompts
+
+    counts = Counter(r["meta"]["letters"] for r in records)
+    assert counts[2] < counts[1] < counts[0]  # the split's own mix: few with two letters
+    chosen = select_rl_prompts(records, {"letters": [0, 0.5, 0.5]})
+    got = Counter(r["meta"]["letters"] for r in chosen)
+    assert got == {1: counts[2], 2: counts[2]}  # two letters are the scarce count: all of them, as many with one
+    ids = [r["id"] for r in records]
+    assert [r["id"] for r in chosen] == sorted((r["id"] for r in chosen), key=ids.index)  # train order kept
+    ones = [r["id"] for r in records if r["meta"]["letters"] == 1][: counts[2]]
+    assert {r["id"] for r in chosen if r["meta"]["letters"] == 1} == set(ones)  # the first ones of their count
+    assert select_rl_prompts(records, {"letters": [0, 0.5, 0.5]}) == chosen
+    shares = select_rl_prompts(records, {"letters": [1, 2]})  # not normalised: 1/3 none, 2/3 one letter
+    n = min(counts[0] * 3, counts[1] * 3 / 2)
+    assert Counter(r["meta"]["letters"] for r in shares) == {0: int(n / 3), 1: int(2 * n / 3)}
+    assert select_rl_prompts(records, None) == list(records)
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ({"letters": [0, -0.5, 1]}, r"rl_prompts.letters\[1\]: -0.5 is no share >= 0"),
+        ({"letters": [0, 0]}, r"rl_prompts.letters: the shares \[0, 0\] sum to 0"),
+        ({"letters": "0:1"}, r"rl_prompts.letters: a list of shares"),
+        ({"letters": [0, "a"]}, r"rl_prompts.letters\[1\]: 'a' is no share"),
+        ({"letter": [1]}, r"rl_prompts: unknown key\(s\) \['letter'\]"),
+        ({"letters": [0, 0, 0, 0, 0, 0, 1]}, r"no train record has 6 rule letter\(s\)"),
+    ],
+)
+def test_a_malformed_or_impossible_rl_prompt_mix_is_refused_with_its_key(records, spec, match):
+    from creditlab.data.rule_arith import select_rl_prompts
+
+    with pytest.raises(ValueError, match=match):
+        select_rl_prompts(records, spec)

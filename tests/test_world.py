@@ -109,3 +109,32 @@ def test_a_micro_run_trains_on_the_rule_world_through_the_cli(tmp_path):
         [*cli, "--papers", "cancellation", "train", "--backbone", "micro-s", "--run", "qb", "--seed", "0"], ok=False
     )
     assert "holds the tiny world 'tiny_rule_arith'" in refused.stderr
+
+
+def test_a_malformed_rl_prompt_mix_is_refused_by_the_plan_with_its_key(tmp_path):
+    """`snakemake -n` refuses what prepare would refuse at its first step: the world's rl_prompts, key and reason."""
+    import yaml
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "w.yaml").write_text(yaml.safe_dump({"rl_prompts": {"letters": [0, -1]}}))
+    with pytest.raises(PlanError, match=r"w.yaml: data config rl_prompts.letters\[1\]: -1 is no share >= 0"):
+        world_run_overrides("w", "tiny", tmp_path)
+
+
+def test_the_run_trains_on_and_the_analyses_read_the_worlds_rl_prompts(tmp_path):
+    """tiny_rule's resolved run config carries its rl_prompts; RunSources.load_records (the analyses' records) applies
+    them to the prepared train split as the train job does."""
+    from creditlab.data.io import write_records
+    from creditlab.data.rule_arith import generate_rule_split
+    from creditlab.models.sources import run_sources
+
+    plan = build_plan(_pipeline(scale="tiny", papers=["cancellation"], tables=None, world="tiny_rule"), validate=False)
+    run = next(r for r in plan.runs.values() if r.run == "rb")
+    cfg = run_config(run)
+    assert cfg["data"]["rl_prompts"] == {"letters": [0, 0.5, 0.5]}
+    src = run_sources(run, cfg, tmp_path)
+    recs = generate_rule_split(3, 400, [1, 3], [2, 2], 0.5, {"a": "+", "d": "-"}, (" ", ";"))
+    write_records(recs, src.train_records)
+    got = [r["meta"]["letters"] for r in src.load_records()]
+    two = sum(r["meta"]["letters"] == 2 for r in recs)
+    assert sorted(got) == [1] * two + [2] * two and two > 0

@@ -40,19 +40,25 @@ def rollout_groups(
     top_p: float = 1.0,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """``group`` rollouts of each of the first ``n_prompts`` records of ``split``, sampled from the model in
+    """``group`` rollouts of each of the first ``n_prompts`` records of ``split`` (train: the world's RL prompts, its
+    ``rl_prompts`` mix as prepare recorded it), sampled from the model in
     ``model_dir`` as the trainer samples them (defaults: the tiny scale's rollout settings) and scored by the boxed
     answer: one ``{"rewards": float[group], "letters": number of rule letters}`` per prompt. The overlong shaping of
     the trainer's rewards is left out (tiny_rule's responses stay far below its buffer)."""
     from creditlab.analysis.structure import boxed_reward
     from creditlab.data.io import read_records
+    from creditlab.data.rule_arith import select_rl_prompts
     from creditlab.data.tokenizer import sft_examples
     from creditlab.lm.io import load_model, load_tokenizer
     from creditlab.lm.sampler import SamplingParams, generate
 
     tok = load_tokenizer(Path(data_dir))
     model = load_model(Path(model_dir)).eval()
-    recs = read_records(Path(data_dir) / f"{split}.parquet")[:n_prompts]
+    recs = read_records(Path(data_dir) / f"{split}.parquet")
+    report = Path(data_dir) / "prep_report.json"
+    if split == "train" and report.is_file():  # the world's RL prompts (its rl_prompts mix), as the trainer reads them
+        recs = select_rl_prompts(recs, (json.loads(report.read_text()).get("rl_prompts") or {}).get("spec"))
+    recs = recs[:n_prompts]
     p_ids, _ = sft_examples(recs, tok, "tiny", gold=True)
     params = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, eos_id=tok.eos_token_id, seed=seed

@@ -29,7 +29,13 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from creditlab.data.io import read_records, write_records
-from creditlab.data.rule_arith import DEFAULT_SEPARATORS, check_rules, generate_rule_split
+from creditlab.data.rule_arith import (
+    DEFAULT_SEPARATORS,
+    check_rl_prompts,
+    check_rules,
+    generate_rule_split,
+    select_rl_prompts,
+)
 from creditlab.data.schema import check_template, render_record_prompt, render_response
 from creditlab.data.synthetic import DEFAULT_MAX_VALUE, DEFAULT_OPS, generate_split
 from creditlab.data.tokenizer import build_tokenizer
@@ -92,9 +98,7 @@ def _validate_cfg(cfg: Mapping[str, Any]) -> None:
         if name in _RESERVED_SPLITS or not str(name).isidentifier():
             raise ValueError(f"data config: invalid suite name {name!r} (identifier, not train/val)")
     # rl_overrides: the world's RL budget, read (and checked) by the plan (plan.world_run_overrides), not by prepare
-    unknown = sorted(
-        set(cfg) - {"name", "seed", "template", "task", "train", "val", "suites", WARMUP_EXTRA, "rl_overrides"}
-    )
+    unknown = sorted(set(cfg) - {*TOP_KEYS, WARMUP_EXTRA})
     if unknown:
         raise ValueError(f"data config: unknown key(s) {unknown}")
     unknown_task = sorted(set(cfg.get("task") or {}) - set(TASK_KEYS))
@@ -108,6 +112,16 @@ def _validate_cfg(cfg: Mapping[str, Any]) -> None:
         if not task["rules"]:
             raise ValueError("data config: a split of format rule needs task.rules (letter: + or -)")
         check_rules(task["rules"], task["separators"])
+    if cfg.get("rl_prompts") is not None:
+        if (cfg["train"] or {}).get("format") != "rule":
+            raise ValueError("data config rl_prompts: draws RL prompts by rule letters; train.format must be rule")
+        check_rl_prompts(cfg["rl_prompts"])
+
+
+TOP_KEYS = ("name", "seed", "template", "task", "train", "val", "suites", "rl_overrides", "rl_prompts")
+"""A tiny data config's top-level keys besides ``warmup_extra``. ``rl_overrides`` (the world's RL budget) is read and
+checked by the plan (plan.world_run_overrides); ``rl_prompts`` (which train records are RL prompts:
+:func:`~creditlab.data.rule_arith.select_rl_prompts`) by both."""
 
 
 TASK_KEYS = ("ops", "max_value", "rules", "separators")
@@ -186,6 +200,14 @@ def _generate(
         ops=tuple(task["ops"]),
         max_value=task["max_value"],
     )
+
+
+def _rl_prompt_counts(train: Records, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The RL prompts' count and letter mix (:func:`~creditlab.data.rule_arith.select_rl_prompts`): what the runs of
+    this world will train on, refused here (ValueError) when the train split cannot give the shares."""
+    chosen = select_rl_prompts(train, spec)
+    letters = Counter(int((rec.get("meta") or {}).get("letters", 0)) for rec in chosen)
+    return {"spec": dict(spec) if spec else None, "n": len(chosen), "by_letters": dict(sorted(letters.items()))}
 
 
 def _questions(splits: Iterable[Records]) -> set[str]:
@@ -314,6 +336,7 @@ def prepare_tiny(cfg: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
             **{f"{WARMUP_EXTRA}.{n}": derive_seed(int(cfg["seed"]), f"{WARMUP_EXTRA}.{n}") for n in extra_specs},
         },
         "counts": {name: len(records) for name, records in written.items()},
+        "rl_prompts": _rl_prompt_counts(written["train"], cfg.get("rl_prompts")),
         "splits": stats,
         "tokenizer": {"path": "tokenizer", "vocab_size": len(tokenizer)},
         "max_prompt_tokens": max(s["max_prompt_tokens"] for s in stats.values()),

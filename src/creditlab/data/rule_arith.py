@@ -63,6 +63,65 @@ def check_rules(rules: Mapping[str, str], separators: Sequence[str]) -> None:
             raise ValueError(f"task.separators: {sep!r} must be one character that is no digit, letter or operator")
 
 
+RL_PROMPTS_KEYS = ("letters",)
+"""The keys of a data config's ``rl_prompts`` block (:func:`select_rl_prompts`)."""
+
+
+def check_rl_prompts(spec: Mapping[str, Any] | None) -> list[float] | None:
+    """The shares of a data config's ``rl_prompts.letters`` (index k: the share of RL prompts with k rule letters),
+    None for no block (every train record is an RL prompt). ValueError naming the key for anything else: unknown
+    keys, a share that is no number or negative, shares that do not sum to a positive number."""
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"data config rl_prompts: must be a mapping with keys {list(RL_PROMPTS_KEYS)}, got {spec!r}")
+    unknown = sorted(set(spec) - set(RL_PROMPTS_KEYS))
+    if unknown:
+        raise ValueError(f"data config rl_prompts: unknown key(s) {unknown}; expected {list(RL_PROMPTS_KEYS)}")
+    letters = spec.get("letters")
+    if not isinstance(letters, Sequence) or isinstance(letters, str) or not letters:
+        raise ValueError(
+            f"data config rl_prompts.letters: a list of shares by letter count (0, 1, 2, ...), got {letters!r}"
+        )
+    shares = []
+    for k, share in enumerate(letters):
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not share >= 0:
+            raise ValueError(f"data config rl_prompts.letters[{k}]: {share!r} is no share >= 0")
+        shares.append(float(share))
+    if sum(shares) <= 0:
+        raise ValueError(f"data config rl_prompts.letters: the shares {letters} sum to 0")
+    return shares
+
+
+def select_rl_prompts(records: Sequence[dict[str, Any]], spec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The RL prompts of a world: ``records`` (the train split, which the warm-up trains on whole) drawn to the shares
+    of ``spec["letters"]`` by each record's count of rule letters (``meta.letters``), or all of them without ``spec``.
+
+    With shares s_k (normalised to sum 1) and c_k train records of k letters, the set holds m_k = floor(n s_k) of them,
+    n = min over s_k > 0 of c_k / s_k: the largest set with those shares. Within a count the records keep their
+    train order (itself a seeded draw), and the set keeps the train order: deterministic, no RNG. E.g. tiny_rule's
+    20000 train records hold 8% with two letters, so ``letters: [0, 0.5, 0.5]`` selects ~1600 + ~1600 prompts.
+    ValueError when a count with a positive share has no record (a split without rule letters, or none that long)."""
+    shares = check_rl_prompts(spec)
+    if shares is None:
+        return list(records)
+    total = sum(shares)
+    shares = [s / total for s in shares]
+    by_count: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        by_count.setdefault(int((rec.get("meta") or {}).get("letters", 0)), []).append(i)
+    empty = [k for k, s in enumerate(shares) if s > 0 and not by_count.get(k)]
+    if empty:
+        have = {k: len(v) for k, v in sorted(by_count.items())}
+        raise ValueError(
+            f"data config rl_prompts.letters: no train record has {empty[0]} rule letter(s) (records by letter count: "
+            f"{have}); give that count share 0 or change the train split"
+        )
+    n = min(len(by_count[k]) / s for k, s in enumerate(shares) if s > 0)
+    keep = sorted(i for k, s in enumerate(shares) if s > 0 for i in by_count[k][: int(n * s + 1e-9)])
+    return [records[i] for i in keep]
+
+
 def _chain(first: int, ops: Sequence[str], operands: Sequence[int], max_value: int) -> list[int] | None:
     """Running values of ``first <op_1> x_1 <op_2> x_2 ...`` (left to right), None when one leaves [0, max_value]."""
     values = [first]

@@ -17,6 +17,7 @@ import yaml
 
 from creditlab import allocation, paths
 from creditlab.data.io import read_records
+from creditlab.data.rule_arith import select_rl_prompts
 from creditlab.engines.local.sft import save_model
 from creditlab.engines.local.trainer import Trainer, write_history
 from creditlab.jobs.common import load_model, load_tokenizer, setup, start_run_tracker, write_json
@@ -57,7 +58,7 @@ def train(results: str | Path, plan, backbone: str, run_name: str, seed: int, *,
                 cfg,
                 model,
                 tok,
-                read_records(data_dir / "train.parquet"),
+                select_rl_prompts(read_records(data_dir / "train.parquet"), cfg["data"].get("rl_prompts")),
                 scorer,
                 ckpt_dir,
                 log_fn=tracker.log_metrics,

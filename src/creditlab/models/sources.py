@@ -56,6 +56,7 @@ class RunSources:
     train_records: Path
     template: str
     chat_kwargs: dict[str, Any]
+    rl_prompts: dict[str, Any] | None = None
 
     def suite(self, name: str) -> Path:
         """An evaluation suite's records (``paths.SUITE``)."""
@@ -73,12 +74,14 @@ class RunSources:
         return AutoTokenizer.from_pretrained(str(self.tokenizer_path))
 
     def load_records(self) -> list[dict[str, Any]]:
-        """The training set's normalised records (the prompts the run trained on)."""
+        """The training set's normalised records that are RL prompts (the prompts the run trained on: a tiny world's
+        ``data.rl_prompts`` mix, :func:`creditlab.data.rule_arith.select_rl_prompts`)."""
         from creditlab.data.io import read_records
+        from creditlab.data.rule_arith import select_rl_prompts
 
         if not self.train_records.is_file():
             raise FileNotFoundError(f"{self.run_key}: no training records at {self.train_records}: run `prepare`")
-        return read_records(self.train_records)
+        return select_rl_prompts(read_records(self.train_records), self.rl_prompts)
 
     def encode(self, tok, records: list[dict[str, Any]]) -> list[list[int]]:
         """Prompt token ids of ``records``, rendered as the run's engine rendered its prompts (module docstring)."""
@@ -174,6 +177,7 @@ def run_sources(run, cfg: dict[str, Any], results: str | Path) -> RunSources:
         train_records=records,
         template=cfg["data"].get("template", "tiny"),
         chat_kwargs=dict(cfg["eval"].get("chat_template_kwargs") or {}),
+        rl_prompts=None if hub else cfg["data"].get("rl_prompts"),
     )
 
 

@@ -188,13 +188,21 @@ def check_world(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> str:
 def world_run_overrides(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> tuple[str, ...]:
     """The overrides every run of a world starts from: ``data=<world>`` (none for the default world), then the world's
     own RL budget at this scale, its data config's ``rl_overrides.<scale>`` (a list of ``trainer.<key>=<value>``; a
-    run's own overrides come after them and win). PlanError naming the key and the reason for any other entry."""
+    run's own overrides come after them and win). PlanError naming the key and the reason for any other entry, and for
+    a malformed ``rl_prompts`` (the world's RL prompt mix, :func:`creditlab.data.rule_arith.check_rl_prompts`)."""
     import yaml
 
     if world == DEFAULT_WORLD:
         return ()
+    from creditlab.data.rule_arith import check_rl_prompts
+
     path = Path(config_dir) / "data" / f"{world}.yaml"
-    budget = (yaml.safe_load(path.read_text()) or {}).get("rl_overrides") or {}
+    data = yaml.safe_load(path.read_text()) or {}
+    try:  # which train records are RL prompts: refused here, before the prepare job that would refuse it
+        check_rl_prompts(data.get("rl_prompts"))
+    except ValueError as err:
+        raise PlanError(f"{path}: {err}") from None
+    budget = data.get("rl_overrides") or {}
     where = f"{path}: rl_overrides"
     if not isinstance(budget, dict) or not all(isinstance(v, list) for v in budget.values()):
         raise PlanError(f"{where}: must map a scale to a list of trainer overrides, got {budget!r}")
