@@ -62,3 +62,29 @@ def test_each_protocol_reads_only_planned_runs():
     assert set(mech.PROTOCOLS["v1"]) < set(mech.PROTOCOLS["v2"])
     assert {t.id for t in mech.PROTOCOLS["v2"] if t.family} == {"M1", "M2", "M3", "M4", "M5"}
     assert mech.protocol_runs(mech.PROTOCOLS["v2"]) == ["delta", "dapo", "qb", "dfpo", "grpo", "rb"]
+
+
+def test_a_paired_test_is_scipys_paired_t_over_shared_seeds_with_power_at_correlation_zero():
+    """Paired (protocol v3): the t test of per-seed differences over the seeds both arms ran (scipy's ttest_rel read
+    directly), its power the one-sample test's at sd sqrt(2) x the seed sd; a shared seed effect that Welch cannot
+    see past is found, and v3 pairs every two-arm test of v2 and nothing else."""
+    from scipy import stats
+
+    from creditlab.analysis.noise import power_one_sample
+
+    seed_effect = [0.0, 0.3, -0.2, 0.5, -0.4, 0.1]  # shared by both arms of a seed
+    a = {s: {"m": 1.0 + e + 0.01 * ((-1) ** s)} for s, e in enumerate(seed_effect)}
+    b = {s: {"m": 0.95 + e} for s, e in enumerate(seed_effect)} | {9: {"m": 5.0}}  # seed 9: b only, left out
+    pair = mech.MechanismTest("P", "p", "a beats b", "m", "a", "b", paired=True)
+    unpaired = mech.MechanismTest("W", "p", "a beats b", "m", "a", "b")
+    rows = {r["id"]: r for r in mech.decide({"a": a, "b": b}, {"m": 0.3}, protocol=(pair, unpaired))}
+    ref = stats.ttest_rel([a[s]["m"] for s in range(6)], [b[s]["m"] for s in range(6)])
+    assert rows["P"]["t"] == pytest.approx(ref.statistic) and rows["P"]["p"] == pytest.approx(ref.pvalue)
+    assert rows["P"]["effect"] == pytest.approx(0.05) and rows["P"]["n"] == 6 and rows["P"]["test"] == "paired t"
+    assert rows["P"]["pair_corr"] > 0.99
+    assert rows["P"]["verdict"] == "holds" and rows["W"]["verdict"] == "null"
+    assert rows["P"]["power_at_sesoi"] == pytest.approx(power_one_sample(0.6, 0.3 * math.sqrt(2), 6))
+    assert "paired t (r 1.00)" in mech.markdown(list(rows.values()))
+    v2, v3 = mech.PROTOCOLS["v2"], mech.PROTOCOLS["v3"]
+    assert [t.id for t in v3] == [t.id for t in v2] and mech.PROTOCOL is v3
+    assert all(t3.paired == (t2.ref is not None) and t3.metric == t2.metric for t2, t3 in zip(v2, v3))

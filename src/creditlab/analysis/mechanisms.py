@@ -6,7 +6,12 @@ token kind, Paper A's ranking precision, sampled accuracy) with a stated test:
 * ``two_sample`` -- run ``arm`` against run ``ref`` on ``metric``: Welch's two-sided t test over seeds (seeds
   unpaired), effect = mean(arm) - mean(ref);
 * ``one_sample`` -- ``metric`` of run ``arm`` against 0 (a within-run contrast, e.g. Δlog p's precision minus the
-  entropy's): two-sided one-sample t test over seeds.
+  entropy's): two-sided one-sample t test over seeds;
+* ``paired`` (``paired=True``; protocol v3) -- run ``arm`` against run ``ref`` on the seeds both ran: two-sided paired
+  t test of the per-seed differences (the arms of one seed share their prompts and sampling seed, and in protocol v2
+  their scores correlated, e.g. 0.91 in the decisive p). Its power is stated at a correlation of 0 between the arms
+  (the differences' sd = sqrt(2) x the seed sd: the worst case a pre-registration can assume); the measured
+  correlation is reported beside it.
 
 The family (``family: true``) is Holm-corrected at alpha 0.05. A test **holds** when its Holm-adjusted p < 0.05 and
 the effect has the predicted sign, is **contradicted** when p < 0.05 with the other sign, and is otherwise a **null**.
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -38,6 +43,7 @@ class MechanismTest:
     ref: str | None  # None: a one-sample test of ``arm``'s metric against 0
     sign: int = 1  # the predicted sign of the effect
     family: bool = True
+    paired: bool = False  # a paired t test over the seeds both arms ran (module docstring), else Welch's
 
 
 V1: tuple[MechanismTest, ...] = (
@@ -118,8 +124,12 @@ V2: tuple[MechanismTest, ...] = (
 """Protocol v2 (docs/papers/mechanisms.md section 5): tiny_rule with its own RL budget (lr 2e-4, design note 57);
 v1's tests and RB's drift (M5), which binds there."""
 
-PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2}
-PROTOCOL = V2
+V3: tuple[MechanismTest, ...] = tuple(replace(t, paired=t.ref is not None) for t in V2)
+"""Protocol v3 (docs/papers/mechanisms.md section 8): v2's tests on tiny_rule with its RL prompts drawn 0 : 50 : 50 by
+rule letters (so that RB binds), every two-arm test paired by seed (v2's exploratory finding, pre-registered here)."""
+
+PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2, "v3": V3}
+PROTOCOL = V3
 """The current protocol."""
 SUITES = ("medium", "hard")
 """The suites of the sampled accuracy: those every run's evaluation has (DFPO's tables read no ``easy``)."""
@@ -177,9 +187,16 @@ def decide(
     rows = []
     for t in protocol:
         a = [v[t.metric] for v in scores[t.arm].values() if t.metric in v]
+        corr = None
         if t.ref is None:
             effect, se, tstat, p = one_sample(a)
             n = len(a)
+        elif t.paired:
+            both = sorted(set(scores[t.arm]) & set(scores[t.ref]))
+            x = [scores[t.arm][s_][t.metric] for s_ in both]
+            y = [scores[t.ref][s_][t.metric] for s_ in both]
+            effect, se, tstat, p = one_sample(np.subtract(x, y))
+            n, corr = len(both), float(np.corrcoef(x, y)[0, 1])
         else:
             b = [v[t.metric] for v in scores[t.ref].values() if t.metric in v]
             effect, se, tstat, p = welch(a, b)
@@ -187,8 +204,9 @@ def decide(
         sd = float(noise_sd.get(t.metric, float("nan")))
         sesoi = sesoi_sds * sd
         m = sum(x.family for x in protocol) if t.family else 1
-        power_at = power_one_sample if t.ref is None else power_two_sample
-        power, power_holm = power_at(sesoi, sd, n), power_at(sesoi, sd, n, alpha=ALPHA / m)
+        power_at = power_one_sample if t.ref is None or t.paired else power_two_sample
+        sd_test = sd * math.sqrt(2.0) if t.paired else sd  # paired: the differences' sd at correlation 0
+        power, power_holm = power_at(sesoi, sd_test, n), power_at(sesoi, sd_test, n, alpha=ALPHA / m)
         rows.append(
             {
                 "id": t.id,
@@ -208,6 +226,8 @@ def decide(
                 "sesoi": sesoi,
                 "power_at_sesoi": power,
                 "power_at_sesoi_holm": power_holm,  # at alpha / (family size): the first step of Holm, its worst case
+                "test": "one-sample t" if t.ref is None else "paired t" if t.paired else "Welch t",
+                "pair_corr": corr,  # paired: the arms' correlation over the seeds (the power assumes 0)
             }
         )
     fam = [r for r in rows if r["family"]]
@@ -225,14 +245,16 @@ def decide(
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The verdicts as a Markdown table."""
     lines = [
-        "| test | paper | claim | metric | n/arm | effect ± se | t | p | p (Holm) | verdict | SESOI | power at SESOI "
-        "(alpha / m) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| test | paper | claim | metric | n/arm | test | effect ± se | t | p | p (Holm) | verdict | SESOI | power at "
+        "SESOI (alpha / m) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ph = f"{r['p_holm']:.3g}" if "p_holm" in r else "-"
         lines.append(
-            f"| {r['id']} | {r['paper']} | {r['claim']} | `{r['metric']}` | {r['n']} | {r['effect']:+.4g} ± "
+            f"| {r['id']} | {r['paper']} | {r['claim']} | `{r['metric']}` | {r['n']} | {r['test']}"
+            + (f" (r {r['pair_corr']:.2f})" if r.get("pair_corr") is not None else "")
+            + f" | {r['effect']:+.4g} ± "
             f"{r['se']:.2g} | {r['t']:.2f} | {r['p']:.3g} | {ph} | **{r['verdict']}** | {r['sesoi']:.3g} | "
             f"{r['power_at_sesoi']:.2f} ({r['power_at_sesoi_holm']:.2f}) |"
         )
@@ -258,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", required=True)
     ap.add_argument("--noise", required=True, help="the noise JSON (analysis/noise.py) the SESOIs come from")
     ap.add_argument("--probe-n", type=int, default=100)
-    ap.add_argument("--protocol", default="v2", choices=sorted(PROTOCOLS))
+    ap.add_argument("--protocol", default="v3", choices=sorted(PROTOCOLS))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(x) for x in a.seeds.split(",")]
