@@ -85,6 +85,11 @@ def test_a_paired_test_is_scipys_paired_t_over_shared_seeds_with_power_at_correl
     assert rows["P"]["verdict"] == "holds" and rows["W"]["verdict"] == "null"
     assert rows["P"]["power_at_sesoi"] == pytest.approx(power_one_sample(0.6, 0.3 * math.sqrt(2), 6))
     assert "paired t (r 1.00)" in mech.markdown(list(rows.values()))
+    del a[5]["m"]  # a seed without the metric leaves the pairs, as Welch's branch leaves it out
+    short = mech.decide({"a": a, "b": b}, {"m": 0.3}, protocol=(pair,))[0]
+    assert short["n"] == 5 and short["p"] == pytest.approx(
+        stats.ttest_rel([a[s]["m"] for s in range(5)], [b[s]["m"] for s in range(5)]).pvalue
+    )
     v2, v3 = mech.PROTOCOLS["v2"], mech.PROTOCOLS["v3"]
     assert [t.id for t in v3] == [t.id for t in v2] and mech.PROTOCOL is v3
     assert all(t3.paired == (t2.ref is not None) and t3.metric == t2.metric for t2, t3 in zip(v2, v3))

@@ -158,6 +158,8 @@ def test_rl_prompts_are_the_largest_subset_of_train_with_the_configured_letter_s
     n = min(counts[0] * 3, counts[1] * 3 / 2)
     assert Counter(r["meta"]["letters"] for r in shares) == {0: int(n / 3), 1: int(2 * n / 3)}
     assert select_rl_prompts(records, None) == list(records)
+    tenths = select_rl_prompts(records, {"letters": [0.1, 0.2, 0.7]})  # the binding count rounds to all of its records
+    assert Counter(r["meta"]["letters"] for r in tenths)[2] == counts[2]
 
 
 @pytest.mark.parametrize(

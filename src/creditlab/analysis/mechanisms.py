@@ -10,8 +10,8 @@ token kind, Paper A's ranking precision, sampled accuracy) with a stated test:
 * ``paired`` (``paired=True``; protocol v3) -- run ``arm`` against run ``ref`` on the seeds both ran: two-sided paired
   t test of the per-seed differences (the arms of one seed share their prompts and sampling seed, and in protocol v2
   their scores correlated, e.g. 0.91 in the decisive p). Its power is stated at a correlation of 0 between the arms
-  (the differences' sd = sqrt(2) x the seed sd: the worst case a pre-registration can assume); the measured
-  correlation is reported beside it.
+  (the differences' sd = sqrt(2) x the seed sd; a negative correlation, which shared seeds give no reason to expect,
+  would lower it); the measured correlation is reported beside it.
 
 The family (``family: true``) is Holm-corrected at alpha 0.05. A test **holds** when its Holm-adjusted p < 0.05 and
 the effect has the predicted sign, is **contradicted** when p < 0.05 with the other sign, and is otherwise a **null**.
@@ -192,7 +192,8 @@ def decide(
             effect, se, tstat, p = one_sample(a)
             n = len(a)
         elif t.paired:
-            both = sorted(set(scores[t.arm]) & set(scores[t.ref]))
+            both = sorted(s_ for s_ in set(scores[t.arm]) & set(scores[t.ref]) if t.metric in scores[t.arm][s_])
+            both = [s_ for s_ in both if t.metric in scores[t.ref][s_]]
             x = [scores[t.arm][s_][t.metric] for s_ in both]
             y = [scores[t.ref][s_][t.metric] for s_ in both]
             effect, se, tstat, p = one_sample(np.subtract(x, y))
@@ -245,8 +246,8 @@ def decide(
 def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """The verdicts as a Markdown table."""
     lines = [
-        "| test | paper | claim | metric | n/arm | test | effect ± se | t | p | p (Holm) | verdict | SESOI | power at "
-        "SESOI (alpha / m) |",
+        "| test | paper | claim | metric | n/arm | t test | effect ± se | t | p | p (Holm) | verdict | SESOI | power "
+        "at SESOI (alpha / m) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -17,6 +17,7 @@ start, a trained checkpoint's for the end) and the trainer's overlong reward sha
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,14 @@ def rollout_groups(
     recs = read_records(Path(data_dir) / f"{split}.parquet")
     report = Path(data_dir) / "prep_report.json"
     if split == "train" and report.is_file():  # the world's RL prompts (its rl_prompts mix), as the trainer reads them
-        recs = select_rl_prompts(recs, (json.loads(report.read_text()).get("rl_prompts") or {}).get("spec"))
+        prepared = json.loads(report.read_text())
+        if "rl_prompts" not in prepared:  # prepared before worlds had an RL prompt mix: the whole split, said aloud
+            print(
+                f"rb_binding: {report} records no rl_prompts (prepared before 2026-12-06): replaying every train "
+                "record; a run of a world with a mix trains on fewer (prepare again)",
+                file=sys.stderr,
+            )
+        recs = select_rl_prompts(recs, (prepared.get("rl_prompts") or {}).get("spec"))
     recs = recs[:n_prompts]
     p_ids, _ = sft_examples(recs, tok, "tiny", gold=True)
     params = SamplingParams(
@@ -150,7 +158,7 @@ def replay_rounds(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m creditlab.analysis.rb_binding --data R/tiny/data --model R/tiny/models/tiny-s/base [--model ...]
-    [--mix 0:0.2,1:0.4,2:0.4]``: RB's generation rounds per update replayed from each model's rollout groups (JSON on
+    [--mix 1:0.3,2:0.7]``: RB's generation rounds per update replayed from each model's rollout groups (JSON on
     stdout)."""
     import argparse
 
@@ -158,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--data", required=True, help="a prepared tiny-world data directory")
     ap.add_argument("--model", action="append", required=True, help="a model directory (repeatable)")
     ap.add_argument("--prompts", type=int, default=256, help="train prompts in the pool (8 rollouts each)")
-    ap.add_argument("--mix", default=None, help="draw shares by rule-letter count, e.g. 0:0.49,1:0.43,2:0.08")
+    ap.add_argument(
+        "--mix", default=None, help="draw shares by rule-letter count, e.g. 1:0.3,2:0.7 (counts the prompts have)"
+    )
     ap.add_argument("--n-groups", type=int, default=32)
     ap.add_argument("--rho", type=float, default=0.25)
     ap.add_argument("--max-age", type=int, default=2)
