@@ -93,3 +93,41 @@ def test_a_paired_test_is_scipys_paired_t_over_shared_seeds_with_power_at_correl
     v2, v3 = mech.PROTOCOLS["v2"], mech.PROTOCOLS["v3"]
     assert [t.id for t in v3] == [t.id for t in v2] and mech.PROTOCOL is v3
     assert all(t3.paired == (t2.ref is not None) and t3.metric == t2.metric for t2, t3 in zip(v2, v3))
+
+
+def test_the_verdict_figure_has_a_panel_per_test_with_each_seeds_pair(tmp_path):
+    """plot: one titled panel per test (verdict and p in the title), one line per seed pair in a two-arm panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scores = {
+        "a": {s: {"m": 1.0 + s + 0.03 * (s % 2), "c": 0.1 * s} for s in range(4)},
+        "b": {s: {"m": 0.5 + s} for s in range(3)},
+    }
+    protocol = (
+        mech.MechanismTest("T1", "p", "a beats b", "m", "a", "b", paired=True),
+        mech.MechanismTest("T2", "p", "c of a above 0", "c", "a", None),
+    )
+    rows = mech.decide(scores, {"m": 0.1, "c": 0.1}, protocol=protocol)
+    png = tmp_path / "v.png"
+    seen = {}
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, path, **kw):
+        seen["titles"] = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        seen["pairs"] = len(fig.axes[0].lines)
+        return real_savefig(fig, path, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        mech.plot(scores, rows, png, protocol=protocol)
+    finally:
+        plt.Figure.savefig = real_savefig
+    assert png.stat().st_size > 1000
+    assert seen["titles"] == [
+        f"T1: holds (p {rows[0]['p_holm']:.2g})",
+        f"T2: {rows[1]['verdict']} (p {rows[1]['p_holm']:.2g})",
+    ]
+    assert seen["pairs"] == 3 + 1  # three shared seeds, and the SESOI bar

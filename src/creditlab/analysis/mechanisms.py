@@ -262,10 +262,61 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(
+    scores: Mapping[str, Mapping[int, Mapping[str, float]]],
+    rows: Sequence[Mapping[str, Any]],
+    png,
+    *,
+    protocol: Sequence[MechanismTest] = PROTOCOL,
+    title: str = "",
+) -> None:
+    """One panel per test of ``rows``: each seed's ``metric`` for the reference (left) and the arm (right), a seed's two
+    values joined by a line (what a paired test compares), the SESOI as a bar from the reference's mean, and the verdict
+    in the panel's title; a one-sample test shows its per-seed values against 0. Written to ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tests = {t.id: t for t in protocol}
+    cols = min(5, len(rows))
+    nrows = -(-len(rows) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.1 * cols, 2.9 * nrows), squeeze=False)
+    for ax, r in zip(axes.flat, rows):
+        t = tests[r["id"]]
+        arm = scores[t.arm]
+        if t.ref is None:
+            v = [arm[s][t.metric] for s in sorted(arm) if t.metric in arm[s]]
+            ax.scatter(np.zeros(len(v)), v, color="#2a9d8f", zorder=3)
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.axhline(r["sesoi"], color="#e76f51", lw=1, ls="--", label="SESOI")
+            ax.set_xticks([0], [t.arm], fontsize=8)
+        else:
+            ref = scores[t.ref]
+            both = [s for s in sorted(set(arm) & set(ref)) if t.metric in arm[s] and t.metric in ref[s]]
+            for s in both:
+                ax.plot([0, 1], [ref[s][t.metric], arm[s][t.metric]], color="grey", lw=0.8, marker="o", ms=4)
+            m = float(np.mean([ref[s][t.metric] for s in both])) if both else float("nan")
+            ax.plot([1.15, 1.15], [m, m + t.sign * r["sesoi"]], color="#e76f51", lw=3, label="SESOI")
+            ax.set_xticks([0, 1], [t.ref, t.arm], fontsize=8)
+            ax.set_xlim(-0.3, 1.35)
+        ph = r.get("p_holm", r["p"])
+        ax.set_title(f"{r['id']}: {r['verdict']} (p {ph:.2g})", fontsize=9)
+        ax.set_ylabel(t.metric, fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(rows) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="best")
+    fig.suptitle(title or "Mechanism verdicts: per-seed scores, seeds joined", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m creditlab.analysis.mechanisms --results R --seeds 10,...,15 --noise R/tiny/analyses/noise_...json``:
     a protocol's verdicts on the runs it reads under results root R (``R/<scale>/analyses/mechanisms_<protocol>``:
-    JSON + Markdown)."""
+    JSON, Markdown and the PNG of :func:`plot`)."""
     import argparse
     import json
     from pathlib import Path
@@ -300,6 +351,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     )
     out.with_suffix(".md").write_text(markdown(rows))
+    plot(
+        scores,
+        rows,
+        out.with_suffix(".png"),
+        protocol=PROTOCOLS[a.protocol],
+        title=f"Protocol {a.protocol}, {a.backbone}, seeds {a.seeds}: per-seed scores, seeds joined",
+    )
     print(markdown(rows))
 
 
