@@ -2,6 +2,7 @@
 rule letters at chance and draws separators uniformly, letters only where both readings stay in range, and the data
 config validates before anything is generated."""
 
+import json
 import re
 from collections import Counter
 
@@ -129,7 +130,8 @@ def test_the_data_config_refuses_a_rule_split_without_rules_and_prepares_the_wor
     train = read_records(tmp_path / "data" / "train.parquet")
     letters = Counter(r["meta"]["letters"] for r in train)  # the report says what the world's runs train on
     assert report["rl_prompts"]["spec"] == cfg["rl_prompts"] == {"letters": [0, 0.5, 0.5]}
-    assert report["rl_prompts"]["by_letters"] == {1: letters[2], 2: letters[2]}
+    assert report["rl_prompts"]["by_letters"] == {"1": letters[2], "2": letters[2]}
+    assert json.loads((tmp_path / "data" / "prep_report.json").read_text()) == report  # what a job reads back
     assert report["rl_prompts"]["n"] == 2 * letters[2] > 0
     tok = PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "data" / "tokenizer"))
     _, taught = sft_examples(train, tok, "tiny")

@@ -207,7 +207,8 @@ def _rl_prompt_counts(train: Records, spec: Mapping[str, Any] | None) -> dict[st
     this world will train on, refused here (ValueError) when the train split cannot give the shares."""
     chosen = select_rl_prompts(train, spec)
     letters = Counter(int((rec.get("meta") or {}).get("letters", 0)) for rec in chosen)
-    return {"spec": dict(spec) if spec else None, "n": len(chosen), "by_letters": dict(sorted(letters.items()))}
+    by_letters = {str(k): n for k, n in sorted(letters.items())}  # str keys: the report equals its JSON reading
+    return {"spec": dict(spec) if spec else None, "n": len(chosen), "by_letters": by_letters}
 
 
 def _questions(splits: Iterable[Records]) -> set[str]:
