@@ -172,6 +172,12 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return adj
 
 
+def paired_seeds(scores: Mapping[str, Mapping[int, Mapping[str, float]]], t: MechanismTest) -> list[int]:
+    """The seeds, sorted, in which both of ``t``'s arms have its metric: the pairs of a paired test."""
+    arm, ref = scores[t.arm], scores[t.ref]
+    return sorted(s for s in set(arm) & set(ref) if t.metric in arm[s] and t.metric in ref[s])
+
+
 def decide(
     scores: Mapping[str, Mapping[int, Mapping[str, float]]],
     noise_sd: Mapping[str, float],
@@ -192,8 +198,7 @@ def decide(
             effect, se, tstat, p = one_sample(a)
             n = len(a)
         elif t.paired:
-            both = sorted(s_ for s_ in set(scores[t.arm]) & set(scores[t.ref]) if t.metric in scores[t.arm][s_])
-            both = [s_ for s_ in both if t.metric in scores[t.ref][s_]]
+            both = paired_seeds(scores, t)
             x = [scores[t.arm][s_][t.metric] for s_ in both]
             y = [scores[t.ref][s_][t.metric] for s_ in both]
             effect, se, tstat, p = one_sample(np.subtract(x, y))
@@ -293,7 +298,7 @@ def plot(
             ax.set_xticks([0], [t.arm], fontsize=8)
         else:
             ref = scores[t.ref]
-            both = [s for s in sorted(set(arm) & set(ref)) if t.metric in arm[s] and t.metric in ref[s]]
+            both = paired_seeds(scores, t)
             for s in both:
                 ax.plot([0, 1], [ref[s][t.metric], arm[s][t.metric]], color="grey", lw=0.8, marker="o", ms=4)
             m = float(np.mean([ref[s][t.metric] for s in both])) if both else float("nan")
