@@ -91,7 +91,7 @@ def test_a_paired_test_is_scipys_paired_t_over_shared_seeds_with_power_at_correl
         stats.ttest_rel([a[s]["m"] for s in range(5)], [b[s]["m"] for s in range(5)]).pvalue
     )
     v2, v3 = mech.PROTOCOLS["v2"], mech.PROTOCOLS["v3"]
-    assert [t.id for t in v3] == [t.id for t in v2] and mech.PROTOCOL is v3
+    assert [t.id for t in v3] == [t.id for t in v2]
     assert all(t3.paired == (t2.ref is not None) and t3.metric == t2.metric for t2, t3 in zip(v2, v3))
 
 
@@ -131,3 +131,23 @@ def test_the_verdict_figure_has_a_panel_per_test_with_each_seeds_pair(tmp_path):
         f"T2: {rows[1]['verdict']} (p {rows[1]['p_holm']:.2g})",
     ]
     assert seen["pairs"] == 3 + 1  # three shared seeds, and the SESOI bar
+
+
+def test_protocol_v4_adds_rbs_compute_control_and_reads_generation_rounds(tmp_path):
+    """v4 keeps v3's tests and adds S5 (RB vs the baseline with dynamic sampling, paired, outside the Holm family);
+    a run's generation rounds per update are RB's rb_rounds where it logged them, else dynamic sampling's batches."""
+    import json
+
+    v3, v4 = mech.PROTOCOLS["v3"], mech.PROTOCOLS["v4"]
+    assert v4[: len(v3)] == v3 and mech.PROTOCOL == v4
+    (s5,) = [t for t in v4 if t.id == "S5"]
+    assert (s5.arm, s5.ref, s5.paired, s5.family, s5.metric) == ("rb", "dapo-ds4", True, False, "avg_sampled")
+    rb, ds = tmp_path / "rb.jsonl", tmp_path / "ds.jsonl"
+    rb.write_text(
+        "".join(json.dumps({"step": i, "rb_rounds": r, "n_gen_batches": 1.0}) + "\n" for i, r in enumerate([1, 2, 4]))
+    )
+    ds.write_text("".join(json.dumps({"step": i, "n_gen_batches": r}) + "\n" for i, r in enumerate([2, 3])))
+    assert mech.gen_rounds(rb) == pytest.approx(7 / 3) and mech.gen_rounds(ds) == pytest.approx(2.5)
+    assert mech.gen_rounds(tmp_path / "absent.jsonl") is None
+    table = mech.rounds_markdown({"rb": {0: {"train/gen_rounds": 2.0}, 1: {"train/gen_rounds": 3.0}}, "x": {0: {}}})
+    assert "| rb | 2.50 | 2.00 - 3.00 |" in table and "| x |" not in table

@@ -73,9 +73,9 @@ def test_paper_scale_plans_every_table_of_the_five_papers(paper_plan):
     assert sorted(paper_plan.tables) == sorted(every) and paper_plan.skipped_tables == []
     assert len(every) == 16
     trained = [r for r in paper_plan.runs.values() if r.trains]
-    # 7 Paper A + 24 Paper B + 16 x 5 seeds Paper E (Table 1 and the G sweep run both DFPO transforms) + 13 Paper C
-    # + 7 Paper D
-    assert len(trained) == 134 and len(paper_plan.runs) == 136
+    # 7 Paper A + 24 Paper B + 16 x 5 seeds Paper E (Table 1 and the G sweep run both DFPO transforms) + 14 Paper C
+    # (13 + our RB compute control dapo-ds4) + 7 Paper D
+    assert len(trained) == 135 and len(paper_plan.runs) == 137
     assert paper_plan.paper_seeds("dfpo") == [0, 1, 2, 3, 4] and paper_plan.paper_seeds("arca") == [1337]
     suites = yaml.safe_load((CONFIG_DIR / "suites" / "paper.yaml").read_text())
     for p in PAPERS:  # every table's benchmark has a suite of the paper-scale catalog, every backbone a hub model
@@ -408,8 +408,8 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         "init_tracking": 1,
         "prepare_data": 1,
         "warmup": 8,  # the nine backbones but Qwen3-Next-80B-A3B
-        "train": 124,  # 134 planned, less the 10 refused (Qwen3-Next: GSPO and DFPO x 5 seeds)
-        "evaluate": 116,  # those 10, and the 10 Qwen3-32B GRPO / GRPO-fix evaluations only Table 1 read
+        "train": 125,  # 135 planned, less the 10 refused (Qwen3-Next: GSPO and DFPO x 5 seeds)
+        "evaluate": 117,  # those 10, and the 10 Qwen3-32B GRPO / GRPO-fix evaluations only Table 1 read
         "evaluate_decode": 19,
         "table": 15,  # the 16 tables but DFPO's Table 1
         "ledger": 5,
@@ -418,7 +418,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         "analysis": 5,
         "diagnose": 1,
         "all": 1,
-        "total": 302,
+        "total": 304,
     }, counts
     refused = [f"paper/qwen3-next-80b-a3b/{r}/s{s}" for r in ("gspo", "dfpo") for s in range(5)]
     notes = [line for line in out.splitlines() if line.startswith("creditlab: ")]
@@ -466,7 +466,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
             key = paths.run_key("paper", w["backbone"], w["run"], int(w["seed"]))
             assert int(res["runtime"]) == int(wall[key][-2]) <= 48 * 60 and wall[key][-1] == "yes", (w, res)
         checked += 1
-    assert checked == 124 + 116 + 19
+    assert checked == 125 + 117 + 19
     assert int(wall["paper/qwen3-8b-base/delta/s0"][-2]) > 240  # MMLU-Pro and LiveCodeBench: issue 30
     print(f"paper-scale dry run: {seconds:.1f} s")
 
@@ -548,7 +548,7 @@ def _vllm_free_lora_check(monkeypatch):
 @pytest.mark.parametrize(
     "papers,n_runs,several_nodes",
     [
-        (PAPERS, 134, True),
+        (PAPERS, 135, True),
         (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
     ],
     ids=["five-papers", "headtohead"],
@@ -556,7 +556,7 @@ def _vllm_free_lora_check(monkeypatch):
 def test_every_paper_run_composes_and_validates_against_verl(
     paper_plan, tmp_path, monkeypatch, papers, n_runs, several_nodes
 ):
-    """Each of the 134 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its
+    """Each of the 135 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its
     verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers

@@ -21,9 +21,11 @@ runs, measured before the verdict runs) and the power the test had to detect it 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -128,8 +130,26 @@ V3: tuple[MechanismTest, ...] = tuple(replace(t, paired=t.ref is not None) for t
 """Protocol v3 (docs/papers/mechanisms.md section 8): v2's tests on tiny_rule with its RL prompts drawn 0 : 50 : 50 by
 rule letters (so that RB binds), every two-arm test paired by seed (v2's exploratory finding, pre-registered here)."""
 
-PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2, "v3": V3}
-PROTOCOL = V3
+V4: tuple[MechanismTest, ...] = (
+    *V3,
+    MechanismTest(
+        "S5",
+        "cancellation",
+        "accuracy: RB vs the baseline with dynamic sampling (both draw up to 4 generation rounds per update, pp)",
+        "avg_sampled",
+        "rb",
+        "dapo-ds4",
+        1,
+        False,
+        True,
+    ),
+)
+"""Protocol v4 (docs/papers/mechanisms.md section 9): v3's tests on tiny_rule with one rule letter per operator, and
+RB against the baseline given the same cap on generation rounds through dynamic sampling (S5: does balancing add to
+filtering out uninformative groups?)."""
+
+PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2, "v3": V3, "v4": V4}
+PROTOCOL = V4
 """The current protocol."""
 SUITES = ("medium", "hard")
 """The suites of the sampled accuracy: those every run's evaluation has (DFPO's tables read no ``easy``)."""
@@ -176,6 +196,18 @@ def paired_seeds(scores: Mapping[str, Mapping[int, Mapping[str, float]]], t: Mec
     """The seeds, sorted, in which both of ``t``'s arms have its metric: the pairs of a paired test."""
     arm, ref = scores[t.arm], scores[t.ref]
     return sorted(s for s in set(arm) & set(ref) if t.metric in arm[s] and t.metric in ref[s])
+
+
+def gen_rounds(metrics_jsonl: str | Path) -> float | None:
+    """A run's mean generation rounds per update over its steps (``rb_rounds`` under reward-balanced batching, else
+    ``n_gen_batches``: dynamic sampling's batches, 1 without it), from its ``metrics.jsonl``; None without the file."""
+    path = Path(metrics_jsonl)
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rounds = [r.get("rb_rounds", r.get("n_gen_batches")) for r in rows]
+    rounds = [float(x) for x in rounds if x is not None]
+    return float(np.mean(rounds)) if rounds else None
 
 
 def decide(
@@ -267,6 +299,16 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rounds_markdown(scores: Mapping[str, Mapping[int, Mapping[str, float]]]) -> str:
+    """Generation rounds per update by run (``train/gen_rounds``: mean over seeds, min - max) as a Markdown table."""
+    lines = ["| run | generation rounds / update, mean of seeds | min - max |", "|---|---|---|"]
+    for run, per_seed in scores.items():
+        g = [v["train/gen_rounds"] for v in per_seed.values() if "train/gen_rounds" in v]
+        if g:
+            lines.append(f"| {run} | {np.mean(g):.2f} | {min(g):.2f} - {max(g):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(
     scores: Mapping[str, Mapping[int, Mapping[str, float]]],
     rows: Sequence[Mapping[str, Any]],
@@ -323,11 +365,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     a protocol's verdicts on the runs it reads under results root R (``R/<scale>/analyses/mechanisms_<protocol>``:
     JSON, Markdown and the PNG of :func:`plot`)."""
     import argparse
-    import json
-    from pathlib import Path
 
     import torch
 
+    from creditlab import paths
     from creditlab.analysis.noise import measure
 
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -337,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", required=True)
     ap.add_argument("--noise", required=True, help="the noise JSON (analysis/noise.py) the SESOIs come from")
     ap.add_argument("--probe-n", type=int, default=100)
-    ap.add_argument("--protocol", default="v3", choices=sorted(PROTOCOLS))
+    ap.add_argument("--protocol", default="v4", choices=sorted(PROTOCOLS))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(x) for x in a.seeds.split(",")]
@@ -347,6 +388,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         run: measure(a.results, a.scale, a.backbone, run, seeds, probe_n=a.probe_n, suites=SUITES)["per_seed"]
         for run in protocol_runs(PROTOCOLS[a.protocol])
     }
+    for run, per_seed in scores.items():  # descriptive: the generation compute each run spent per update
+        for seed, v in per_seed.items():
+            kw = dict(results=a.results, scale=a.scale, backbone=a.backbone, run=run, seed=seed)
+            if (g := gen_rounds(paths.fmt(paths.RUN_METRICS, **kw))) is not None:
+                v["train/gen_rounds"] = g
     rows = decide(scores, noise_sd, protocol=PROTOCOLS[a.protocol])
     out = Path(a.results) / a.scale / "analyses" / f"mechanisms_{a.protocol}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -355,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             {"protocol": a.protocol, "seeds": seeds, "noise": a.noise, "scores": scores, "verdicts": rows}, indent=1
         )
     )
-    out.with_suffix(".md").write_text(markdown(rows))
+    out.with_suffix(".md").write_text(markdown(rows) + "\n" + rounds_markdown(scores))
     plot(
         scores,
         rows,
@@ -363,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         protocol=PROTOCOLS[a.protocol],
         title=f"Protocol {a.protocol}, {a.backbone}, seeds {a.seeds}: per-seed scores, seeds joined",
     )
-    print(markdown(rows))
+    print(markdown(rows) + "\n" + rounds_markdown(scores))
 
 
 if __name__ == "__main__":
