@@ -23,8 +23,8 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
     """The pipeline config (configs/pipeline.yaml), with command-line overrides of scale/seeds.
 
     ``--seeds`` replaces the pipeline's seeds (a paper with its own `seeds` at the scale keeps them: that is
-    what its tables and figures use). A job of one run (``--seed``) plans that seed for every paper, with ``--seeds``
-    too (which must then list it: SystemExit otherwise), so that a paper's own seeds never hide the seed asked for.
+    what its tables and figures use). A job of one run (``--seed``) plans that seed for every paper, ``--seeds`` or
+    not (a paper's own seeds never hide it; ``warmup``'s default seed 0 is not refused beside ``--seeds``).
     """
     with open(a.pipeline_config) as f:
         cfg = yaml.safe_load(f)
@@ -32,9 +32,7 @@ def _pipeline(a: argparse.Namespace) -> dict[str, Any]:
         cfg["scale"] = a.scale
     seeds = [int(s) for s in a.seeds.split(",")] if getattr(a, "seeds", None) else None
     if getattr(a, "seed", None) is not None:  # a job of one run: plan that seed (seeds need not be listed,
-        if seeds is not None and a.seed not in seeds:  # not even in a paper's own seeds)
-            raise SystemExit(f"--seed {a.seed} is not among --seeds {a.seeds}")
-        cfg["seeds"] = [a.seed]
+        cfg["seeds"] = [a.seed]  # not even in a paper's own seeds)
         cfg["ignore_paper_seeds"] = True
     elif seeds is not None:
         cfg["seeds"] = seeds
