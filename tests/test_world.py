@@ -23,8 +23,22 @@ def test_every_run_composes_the_world():
     from creditlab.rewards.routing import data_source_kind
 
     assert data_source_kind(cfg["data"]["name"]) == "math"  # its records are scored by the math reward
-    default = build_plan(_pipeline(), validate=False)  # the default world adds nothing to any run
-    assert default.world == "tiny_arith" and not any("data=" in o for r in default.runs.values() for o in r.overrides)
+    default = build_plan(_pipeline(), validate=False)  # world null: tiny_rule at tiny and micro scale
+    assert default.world == "tiny_rule" and all(r.overrides[0] == "data=tiny_rule" for r in default.runs.values())
+    arith = build_plan(_pipeline(world="tiny_arith"), validate=False)  # run.yaml's data default: nothing added
+    assert arith.world == "tiny_arith" and not any("data=" in o for r in arith.runs.values() for o in r.overrides)
+
+
+def test_a_null_world_is_the_papers_datasets_at_paper_and_smoke_scale():
+    """The pipeline's default world (null) is tiny_rule only at tiny / micro scale: a smoke or paper build with the
+    default pipeline config is not refused, and its runs get no tiny-world data override."""
+    from creditlab.plan import DEFAULT_WORLD, TINY_WORLD, check_world
+
+    assert check_world(None, "tiny") == check_world(None, "micro") == TINY_WORLD == "tiny_rule"
+    assert check_world(None, "smoke") == check_world(None, "paper") == DEFAULT_WORLD
+    assert check_world("tiny_arith", "paper") == DEFAULT_WORLD
+    smoke = build_plan(_pipeline(scale="smoke", world=None, tables=None), validate=False)
+    assert smoke.world == DEFAULT_WORLD and not any("data=tiny" in o for r in smoke.runs.values() for o in r.overrides)
 
 
 def test_the_plan_refuses_an_unknown_world_and_a_tiny_world_at_paper_scale():
@@ -32,6 +46,8 @@ def test_the_plan_refuses_an_unknown_world_and_a_tiny_world_at_paper_scale():
         build_plan(_pipeline(world="dapo_math_17k"), validate=False)
     with pytest.raises(PlanError, match=r"at scale 'paper' the runs read the papers' datasets"):
         build_plan(_pipeline(world="tiny_rule", scale="paper", tables=None), validate=False)
+    with pytest.raises(PlanError, match=r"leave world null"):
+        build_plan(_pipeline(world="tiny_rule", scale="smoke", tables=None), validate=False)
 
 
 def test_a_world_sets_its_rl_budget_and_a_run_still_overrides_it():
@@ -80,7 +96,7 @@ def test_a_job_refuses_data_of_another_world(tmp_path):
 
 def test_a_micro_run_trains_on_the_rule_world_through_the_cli(tmp_path):
     """prepare, warm-up and a 4-step run at micro scale with --world tiny_rule: the prepared records carry rule letters
-    and the warm-up text; the run's config is the rule world's; the same data refuse a job of the default world."""
+    and the warm-up text; the run's config is the rule world's; the same data refuse a job of tiny_arith."""
     import os
     import subprocess
     import sys
@@ -106,7 +122,8 @@ def test_a_micro_run_trains_on_the_rule_world_through_the_cli(tmp_path):
     assert json.loads((run_dir / "DONE").read_text())["steps_done"] == 4
     assert "name: tiny_rule_arith" in (run_dir / "config.yaml").read_text()
     refused = run(
-        [*cli, "--papers", "cancellation", "train", "--backbone", "micro-s", "--run", "qb", "--seed", "0"], ok=False
+        [*cli, "--world", "tiny_arith", "--papers", "cancellation", "train", "--backbone", "micro-s", "--run", "qb"],
+        ok=False,
     )
     assert "holds the tiny world 'tiny_rule_arith'" in refused.stderr
 

@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.scale is None and a.verb in ("prepare", "warmup"):
         a.scale = _pipeline(a)["scale"]
     if a.verb in ("prepare", "warmup"):  # the plan-free verbs: the world checked as the plan checks it
-        from creditlab.plan import DEFAULT_WORLD, check_world
+        from creditlab.plan import check_world
 
-        a.world = check_world(a.world or _pipeline(a).get("world") or DEFAULT_WORLD, a.scale)
+        a.world = check_world(a.world or _pipeline(a).get("world"), a.scale)
     if a.scale == "paper":  # by hand as under Snakemake: hub snapshots and datasets under the pipeline's hub_cache
         os.environ.update(hub_cache_env(_pipeline(a).get("hub_cache"))[0])  # (a variable already set wins)
     a.fn(a)

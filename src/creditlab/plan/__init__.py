@@ -94,7 +94,7 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
     pipeline's seeds: a job of one run can be asked for any seed.
     """
     scale, seeds = pipeline["scale"], [int(s) for s in pipeline["seeds"]]
-    world = check_world(pipeline.get("world") or DEFAULT_WORLD, scale, config_dir)
+    world = check_world(pipeline.get("world"), scale, config_dir)
     world_overrides = world_run_overrides(world, scale, config_dir)
     papers = {p: load_paper(paper_config_path(p, config_dir)) for p in pipeline["papers"]}
     for spec in papers.values():
@@ -161,26 +161,34 @@ def build_plan(pipeline: dict[str, Any], config_dir: Path = CONFIG_DIR, validate
 
 
 DEFAULT_WORLD = "tiny_arith"
-"""The tiny world's default data config (configs/run.yaml's ``data`` default)."""
+"""configs/run.yaml's ``data`` default: the runs' data config when no world override applies (paper and smoke scale,
+whose runs read the papers' datasets from their own configs)."""
+TINY_WORLD = "tiny_rule"
+"""The tiny world of tiny and micro scale when the pipeline's ``world`` is null (its default): rule arithmetic, whose
+decisive rule letters and ignorable separators give the papers' mechanisms something to act on (issue 29)."""
 WORLD_SPLITS = ("train", "val", "suites")
 
 
-def check_world(world: str, scale: str, config_dir: Path = CONFIG_DIR) -> str:
+def check_world(world: str | None, scale: str, config_dir: Path = CONFIG_DIR) -> str:
     """The pipeline's ``world``: a data config of configs/data/ with the tiny world's splits (train, val, suites), at
-    tiny or micro scale (paper and smoke read the papers' datasets: only the default there). PlanError naming the
-    key, the reason and the choices otherwise."""
+    tiny or micro scale (paper and smoke read the papers' datasets: only the default there). None (the pipeline's
+    default) is :data:`TINY_WORLD` at tiny and micro scale, :data:`DEFAULT_WORLD` at the others. PlanError naming
+    the key, the reason and the choices otherwise."""
     import yaml
 
+    tiny_scale = scale in ("tiny", "micro")
+    if world is None:
+        world = TINY_WORLD if tiny_scale else DEFAULT_WORLD
     data_dir = Path(config_dir) / "data"
     tiny = sorted(
         p.stem for p in data_dir.glob("*.yaml") if set(WORLD_SPLITS) <= set(yaml.safe_load(p.read_text()) or {})
     )
     if world not in tiny:
         raise PlanError(f"world: {world!r} is no tiny-world data config; valid choices: {tiny}")
-    if world != DEFAULT_WORLD and scale not in ("tiny", "micro"):
+    if world != DEFAULT_WORLD and not tiny_scale:
         raise PlanError(
             f"world: {world!r} is a tiny world; at scale {scale!r} the runs read the papers' datasets "
-            f"(only {DEFAULT_WORLD!r} there)"
+            f"(leave world null, or {DEFAULT_WORLD!r})"
         )
     return world
 
