@@ -267,10 +267,10 @@ def micro_results(tmp_path_factory):
 
     from creditlab.data.prepare import prepare_tiny
     from creditlab.models.tiny import build_model
-    from creditlab.plan import compose
+    from creditlab.plan import check_world, compose, world_run_overrides
 
     results = tmp_path_factory.mktemp("cf") / "results"
-    cfg = compose("micro", "micro-s")
+    cfg = compose("micro", "micro-s", overrides=list(world_run_overrides(check_world(None, "micro"), "micro")))
     data = paths.fmt(paths.DATA_DIR, results=results, scale="micro")
     prepare_tiny(cfg["data"], data)
     tok = AutoTokenizer.from_pretrained(str(data / "tokenizer"))

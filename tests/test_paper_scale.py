@@ -147,8 +147,11 @@ def test_paper_hyperparameters_reach_the_run_configs(paper_plan):
 
 
 def test_tiny_and_micro_runs_are_unchanged_by_paper_settings():
-    """scale_overrides only apply at their scale: at tiny, a run's overrides are its `overrides` as before."""
-    plan = build_plan({"scale": "tiny", "papers": PAPERS, "seeds": [0], "results": "r"}, validate=False)
+    """scale_overrides only apply at their scale: at tiny, a run's overrides are its `overrides` as before (in the
+    world that adds none, tiny_arith: a world's own prefix is tests/test_world.py's)."""
+    plan = build_plan(
+        {"scale": "tiny", "papers": PAPERS, "seeds": [0], "results": "r", "world": "tiny_arith"}, validate=False
+    )
     spec = plan.papers["arca"]
     run = plan.get("tiny-s", "arca-r16", 0)
     assert run.overrides == spec.runs["arca-r16"].overrides and "trainer.lora.rank=2" in run.overrides
@@ -214,9 +217,8 @@ def test_scale_overrides_order_and_validation(tmp_path):
         "trainer.group_size=8",
         "trainer.steps=7",
     )
-    assert build_plan({"scale": "tiny", "papers": ["so"], "seeds": [0], "results": "r"}, cfg_dir, validate=False).get(
-        "tiny-m", "r", 0
-    ).overrides == ("trainer.group_size=4",)
+    tiny = {"scale": "tiny", "papers": ["so"], "seeds": [0], "results": "r", "world": "tiny_arith"}  # no world prefix
+    assert build_plan(tiny, cfg_dir, validate=False).get("tiny-m", "r", 0).overrides == ("trainer.group_size=4",)
     for bad, needle in [
         ({"scale_overrides": {"huge": {"*": ["a=1"]}}}, r"scale_overrides\.huge.*choices: \['paper', 'tiny'\]"),
         ({"scale_overrides": {"paper": {"Nope": ["a=1"]}}}, r"scale_overrides\.paper\.Nope.*'\*', 'Small'"),
