@@ -9,7 +9,7 @@ import torch
 
 from creditlab.algos.shaping import overlong_penalty
 from creditlab.engines.local.trainer import Rollouts, _Filtered, lr_lambda
-from creditlab.lm.batch import pack, response_forward
+from creditlab.lm.batch import chunked_response_forward, length_chunks, pack, response_forward
 from creditlab.models.tiny import build_model
 
 ARCH = dict(
@@ -46,6 +46,55 @@ def test_response_forward_matches_per_sequence_reading(model):
         # h_t is the LM-head input: lm_head(h) reproduces the log-probs of the same forward
         relp = torch.log_softmax(model.lm_head(out.hidden).float(), -1)
         torch.testing.assert_close(relp.gather(-1, b.responses.unsqueeze(-1)).squeeze(-1), out.logp)
+
+
+def test_length_chunks_sort_rows_by_length_within_a_token_budget():
+    lengths = torch.tensor([5, 9, 1, 7, 3, 8, 2])
+    chunks = length_chunks(lengths, 16)
+    flat = torch.cat(chunks)
+    assert sorted(flat.tolist()) == list(range(7))  # every row once
+    assert lengths[flat].tolist() == sorted(lengths.tolist())  # similar lengths share a chunk
+    # greedy in length order: rows x longest row <= 16 -> [1, 2, 3] (9), [5, 7] (14), [8] (8: 8, 9 = 16 + 2), [9]
+    assert [lengths[c].tolist() for c in chunks] == [[1, 2, 3], [5, 7], [8], [9]]
+    assert [len(c) for c in length_chunks(lengths, 4)] == [2, 1, 1, 1, 1, 1]  # a row over the budget: alone
+    assert len(length_chunks(lengths, 10_000)) == 1
+    with pytest.raises(ValueError, match="max_tokens"):
+        length_chunks(lengths, 0)
+
+
+def _ragged_batch(n: int = 12, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lens_p = torch.randint(2, 7, (n,), generator=g).tolist()
+    lens_r = torch.randint(1, 11, (n,), generator=g).tolist()
+    prompts = [[1] + torch.randint(3, 24, (k - 1,), generator=g).tolist() for k in lens_p]
+    responses = [torch.randint(3, 24, (k - 1,), generator=g).tolist() + [2] for k in lens_r]
+    return pack(prompts, responses, pad_id=0)
+
+
+def test_chunked_forward_equals_the_one_padded_forward_and_its_gradient(model):
+    """Length-sorted chunks change only padding: every field at real response positions, and the gradient of a
+    loss over the reassembled batch, equal the one forward's; positions past a row's chunk width are 0."""
+    b = _ragged_batch()
+    mask = b.response_mask
+    one = response_forward(model, b, with_entropy=True, with_hidden=True, topk=3)
+    many = chunked_response_forward(model, b, 40, with_entropy=True, with_hidden=True, topk=3)
+    real = mask.bool()
+    for field in ("logp", "entropy", "hidden", "topk_logp"):
+        a, c = getattr(one, field), getattr(many, field)
+        assert a.shape == c.shape, field
+        torch.testing.assert_close(c[real], a[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(many.topk_ids[real], one.topk_ids[real])
+    assert (many.logp[~real] == 0).sum() > 0  # some chunk is narrower than the batch: padding it never computed
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        out = fn()
+        (-(out.logp * mask).sum() / mask.sum()).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for g1, g4 in zip(grads(lambda: response_forward(model, b)), grads(lambda: chunked_response_forward(model, b, 40))):
+        torch.testing.assert_close(g4, g1, atol=1e-6, rtol=1e-4)
+    model.zero_grad(set_to_none=True)
 
 
 def test_overlong_penalty_reads_dapo_formula():

@@ -5,7 +5,9 @@ coupling, decoding diagnostics); it imports no other layer of creditlab.
 
 The one forward used for old log-probs returns, from a single pass, the log-probs of the sampled
 tokens, the policy entropy and the final hidden states h_t (the LM-head input), because later
-methods (DelTA, ARCA) need h_t and must not pay for an extra forward pass.
+methods (DelTA, ARCA) need h_t and must not pay for an extra forward pass. :func:`chunked_response_forward`
+runs that forward over length-sorted row chunks, each padded only to its own longest row, and reassembles the
+batch (what verl's dynamic micro-batches do for its workers), so the loss and its backward are unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class TokenBatch:
     def responses(self) -> Tensor:
         """Tensor[B, T] sampled token ids (pad where masked)."""
         return self.input_ids[:, -self.response_len :]
+
+    @property
+    def row_lengths(self) -> Tensor:
+        """Tensor[B] long: real tokens per row (prompt + response)."""
+        return self.attention_mask.sum(-1)
 
     def select(self, idx: Tensor) -> "TokenBatch":
         """Rows ``idx``, with all-padding columns trimmed on both sides (cheaper forwards)."""
@@ -123,3 +130,53 @@ def response_forward(
         topk_logp=None if top is None else top.values,
         topk_ids=None if top is None else top.indices,
     )
+
+
+def length_chunks(lengths: Tensor, max_tokens: int) -> list[Tensor]:
+    """Row indices sorted by ``lengths`` (Tensor[B]) and cut greedily into contiguous chunks whose padded size
+    (rows x the chunk's longest row) stays within ``max_tokens`` (a row longer than that is a chunk alone):
+    Tensor[b_c] long each, together a permutation of range(B). Rows of similar length share a chunk, so each
+    chunk's padding is small; verl's dynamic micro-batches (``ppo_max_token_len_per_gpu``) bound the same size."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = torch.argsort(lengths, stable=True)
+    chunks, start = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or (i - start + 1) * int(lengths[order[i]]) > max_tokens:
+            chunks.append(order[start:i])
+            start = i
+    return chunks
+
+
+def chunked_response_forward(
+    model, batch: TokenBatch, max_tokens: int, *, with_entropy: bool = False, with_hidden: bool = False, topk: int = 0
+) -> ForwardOut:
+    """:func:`response_forward` over ``batch`` in length-sorted row chunks of at most ``max_tokens`` padded
+    positions each (:func:`length_chunks`),
+    each trimmed to its own longest prompt and response (``TokenBatch.select``), reassembled in the batch's row
+    order: every field has the shape ``response_forward`` gives (logp Tensor[B, T], ...), with 0 at response
+    positions past a row's chunk width (masked positions: ``response_mask`` is 0 there).
+
+    Rows are independent under the attention mask, so the real positions equal the one-forward values up to
+    float rounding, and gradients flow through the reassembly: one loss and one backward over the whole batch
+    give the same update. ``max_tokens=0`` is the one padded forward itself.
+    """
+    if max_tokens <= 0:
+        return response_forward(model, batch, with_entropy=with_entropy, with_hidden=with_hidden, topk=topk)
+    B, T = batch.response_mask.shape
+    parts = [
+        (idx, response_forward(model, batch.select(idx), with_entropy=with_entropy, with_hidden=with_hidden, topk=topk))
+        for idx in length_chunks(batch.row_lengths, max_tokens)
+    ]
+
+    def gather(field: str) -> Tensor | None:
+        first = getattr(parts[0][1], field)
+        if first is None:
+            return None
+        full = first.new_zeros((B, T, *first.shape[2:]))
+        for idx, out in parts:
+            value = getattr(out, field)
+            full[idx.to(full.device), : value.shape[1]] = value
+        return full
+
+    return ForwardOut(**{f: gather(f) for f in ("logp", "entropy", "hidden", "topk_logp", "topk_ids")})

@@ -70,7 +70,7 @@ from creditlab.algos.credit.base import (
 from creditlab.algos.shaping import overlong_penalty
 from creditlab.data.schema import render_record_prompt
 from creditlab.engines.local import lora
-from creditlab.lm.batch import pack, response_forward
+from creditlab.lm.batch import chunked_response_forward, pack
 from creditlab.lm.sampler import SamplingParams, generate
 from creditlab.progress import progress
 from creditlab.seeds import step_seed
@@ -173,6 +173,7 @@ class Trainer:
         self.credit_fns = method_entries("credit", self.mcfg.get("credit"))
         self.token_filters = method_entries("token_filter", self.mcfg.get("token_filter"))
         check_method(self.mcfg, t)  # the methods compose (IllDefinedComposition, a ValueError, with the reason)
+        self.chunk_tokens = int(t.get("forward_chunk_tokens", 0))  # padded positions per length-sorted forward chunk
         self.random_control = bool(self.lcfg.get("random_control")) and self.peft is not None
         # credit/filter settings that name `topk` get the top-K next-token distributions of the old forward
         self.topk = max([int(kw.get("topk") or 0) for _, kw in self.credit_fns + self.token_filters] + [0])
@@ -361,14 +362,16 @@ class Trainer:
         need_hidden = "hidden" in wanted or need_ref  # h^adapted: ARCA's residual is taken against it
         self.model.eval()  # the no-grad forwards are deterministic (no LoRA dropout)
         with torch.no_grad(), _autocast(self.device):
-            old = response_forward(self.model, batch, with_entropy=True, with_hidden=need_hidden, topk=self.topk)
+            old = chunked_response_forward(
+                self.model, batch, self.chunk_tokens, with_entropy=True, with_hidden=need_hidden, topk=self.topk
+            )
         mask = batch.response_mask.to(self.device)
         t_fwd = time.perf_counter() - t1
         ref, t_ref = None, 0.0
         if need_ref:
             t_r = time.perf_counter()
             with torch.no_grad(), _autocast(self.device), self.peft.disable_adapter():
-                ref = response_forward(self.model, batch, with_hidden=True)
+                ref = chunked_response_forward(self.model, batch, self.chunk_tokens, with_hidden=True)
             t_ref = time.perf_counter() - t_r
         rand_hidden = None
         if self.random_control:  # [ours] h_t under a random adapter of the trained one's per-module norm
@@ -442,7 +445,7 @@ class Trainer:
                 if self.loss_takes_tokens:
                     loss_kwargs["responses"] = mb.responses.to(self.device)
                 with _autocast(self.device):
-                    new = response_forward(self.model, mb)
+                    new = chunked_response_forward(self.model, mb, self.chunk_tokens)
                 args = (old.logp[idx, :T], adv_tok[idx, :T], loss_mask[idx, :T])
                 loss, st = self.loss_fn(new.logp, *args, **loss_kwargs)
                 new.logp.retain_grad()  # d loss / d logp_{i,t}, read off the one backward below
