@@ -86,6 +86,15 @@ def test_a_malformed_world_budget_is_refused_with_its_key(tmp_path, budget, matc
         world_run_overrides("w", "tiny", tmp_path)
 
 
+def test_the_prepare_job_called_without_a_world_prepares_the_scales_default(tmp_path):
+    """The job functions' own default is the pipeline's (None -> check_world), not a world named in Python."""
+    from creditlab.data.io import read_records
+    from creditlab.jobs.prepare import prepare_tiny
+
+    prepare_tiny(tmp_path, "micro", "micro-s")
+    assert {r["source"] for r in read_records(tmp_path / "micro" / "data" / "train.parquet")} == {"tiny_rule_arith"}
+
+
 def test_a_job_refuses_data_of_another_world(tmp_path):
     (tmp_path / "prep_report.json").write_text(json.dumps({"name": "tiny_arith"}))
     check_prepared_world(tmp_path, {"data": {"name": "tiny_arith"}})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from creditlab import paths
 from creditlab.data import prepare_paper
-from creditlab.plan import compose
+from creditlab.plan import check_world, compose
 
 
 def prepare_hub(results: str | Path, plan, *, download_only: bool = False) -> None:
@@ -29,18 +29,19 @@ def prepare_hub(results: str | Path, plan, *, download_only: bool = False) -> No
 
 
 def prepare_tiny(
-    results: str | Path, scale: str, backbone: str, *, download_only: bool = False, world: str = "tiny_arith"
+    results: str | Path, scale: str, backbone: str, *, download_only: bool = False, world: str | None = None
 ) -> None:
     """Tiny and micro scale: generate the tiny world (train/val splits, held-out suites with overlap 0, tokenizer)
-    under results/<scale>/data from the data config ``world`` (configs/data/<world>.yaml; the pipeline's ``world``)
-    as ``backbone``'s runs compose it (any backbone: the data do not depend on it)."""
+    under results/<scale>/data from the data config ``world`` (configs/data/<world>.yaml; the pipeline's ``world``;
+    None: the scale's default, ``check_world``) as ``backbone``'s runs compose it (any backbone: the data do not
+    depend on it)."""
     if download_only:
         raise SystemExit(
             f"prepare --download-only is for scale 'paper' (hub datasets); scale {scale!r} downloads nothing"
         )
     from creditlab.data.prepare import prepare_tiny as generate  # torch and transformers: the tiny world only
 
-    cfg = compose(scale, backbone, overrides=[f"data={world}"])
+    cfg = compose(scale, backbone, overrides=[f"data={check_world(world, scale)}"])
     out = paths.fmt(paths.DATA_DIR, results=results, scale=scale)
     report = generate(cfg["data"], out)
     print(json.dumps({k: report[k] for k in ("counts", "overlap") if k in report}, indent=1))

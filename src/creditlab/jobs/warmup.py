@@ -19,13 +19,13 @@ from creditlab.jobs.evaluate import evaluate_suites
 from creditlab.models.sources import check_prepared_world
 from creditlab.models.standin import TAUGHT, write_standin
 from creditlab.models.tiny import build_model, n_params
-from creditlab.plan import compose
+from creditlab.plan import check_world, compose
 from creditlab.tracking.mlflow_tracker import Tracker
 from creditlab.tracking.provenance import git_commit
 
 
 def warmup(
-    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str = "tiny_arith"
+    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str | None = None
 ) -> None:
     """The base model of ``backbone`` at ``scale`` under results/<scale>/base/<backbone>, with its DONE: at paper
     scale the fetched hub model (:func:`fetch_hub_model`), at smoke scale a stand-in (:func:`write_standin_model`),
@@ -39,11 +39,12 @@ def warmup(
 
 
 def sft_warmup(
-    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str = "tiny_arith"
+    results: str | Path, scale: str, backbone: str, seed: int = 0, *, quiet: bool = False, world: str | None = None
 ) -> None:
     """SFT warm-up of one tiny backbone on the train split and the data config's SFT-only ``warmup_extra`` records
-    (the transfer formats) of the prepared tiny world ``world``, its greedy accuracy on the validation split, MLflow
-    (experiment base-models)."""
+    (the transfer formats) of the prepared tiny world ``world`` (None: the scale's default, ``check_world``), its
+    greedy accuracy on the validation split, MLflow (experiment base-models)."""
+    world = check_world(world, scale)
     cfg = compose(scale, backbone, seed=seed, overrides=[f"data={world}"])
     setup(cfg)
     data_dir = paths.fmt(paths.DATA_DIR, results=results, scale=scale)
