@@ -130,3 +130,23 @@ def test_dynamic_sampling_keeps_only_groups_with_differing_scores():
     out = f.take(4)
     assert out.group_ids == [0, 0, 10, 10] and out.scores == [1.0, 0.0, 0.0, 1.0]
     assert out.rewards == pytest.approx([0.9, -0.1, -0.1, 0.9])
+
+
+def test_warmup_with_forward_chunks_trains_the_same_model(tmp_path):
+    """warmup.forward_chunk_tokens only changes padding: three SFT steps from the same init reach the same losses
+    and weights (up to float rounding) as one padded forward per batch."""
+    from creditlab.data.synthetic import generate_split
+    from creditlab.data.tokenizer import build_tokenizer
+    from creditlab.engines.local.sft import warmup
+    from creditlab.plan import compose
+
+    records = generate_split(0, 40, [1, 2], [1, 2])
+    tok = build_tokenizer([r["question"] + r["solution"] for r in records] + ["Q: A:\n \\boxed{}0123456789+-*"])
+    runs = {}
+    for k in (0, 48):
+        cfg = compose("micro", "micro-s", overrides=["warmup.steps=3", f"warmup.forward_chunk_tokens={k}"])
+        m = build_model(cfg["model"]["arch"], len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, seed=0)
+        hist = warmup(m, tok, records, cfg, seed=0, progress=False)
+        runs[k] = ([h["sft_loss"] for h in hist], torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert runs[48][0] == pytest.approx(runs[0][0], rel=1e-4)
+    assert (runs[48][1] - runs[0][1]).abs().mean() <= 1e-4 * runs[0][1].abs().mean()

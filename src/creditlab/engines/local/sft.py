@@ -15,7 +15,7 @@ import torch
 
 from creditlab.data.tokenizer import sft_examples
 from creditlab.engines.local.trainer import _autocast, _device, lr_lambda
-from creditlab.lm.batch import pack, response_forward
+from creditlab.lm.batch import chunked_response_forward, pack
 from creditlab.progress import progress as progress_bar
 
 
@@ -45,8 +45,8 @@ def warmup(
         idx = order[pos : pos + w["batch_size"]]
         pos += w["batch_size"]
         batch = pack([prompts[i] for i in idx], [responses[i] for i in idx], tokenizer.pad_token_id)
-        with _autocast(device):
-            out = response_forward(model, batch)
+        with _autocast(device):  # length-sorted chunks, one loss over the reassembled batch (lm/batch.py)
+            out = chunked_response_forward(model, batch, int(w.get("forward_chunk_tokens", 0)))
         mask = batch.response_mask.to(device)
         loss = -(out.logp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
