@@ -228,6 +228,59 @@ def test_matched_rates_decide_where_the_first_thresholds_mislead(tmp_path: Path)
     assert res["three"].verdict == L.NOT_DECIDABLE  # the common range is over every series
 
 
+def test_toward_compares_closeness_to_a_target_row(tmp_path: Path):
+    """`toward`: the series are scored by how close their interpolated accuracy comes to the target row's, whichever
+    side of it they lie on. Toward RL (65%, above both curves at the matched 8-10%) D (55-60) is closer than K
+    (40-43): holds; toward E1 (30%, below both) K is closer: D > K is contradicted. The advantage equals a hand
+    computation from the table's cells."""
+    data = copy.deepcopy(PAPER)
+    base = {"table": "replacement", "column": "Acc", "kind": "matched_order", "x": "Replaced"}
+    series = {"D": ["D1", "D2", "D3"], "K": ["K1", "K2", "K3"]}
+    data["claims"] = [
+        dict(base, id="up", text="D reaches RL first", series=series, toward="RL"),
+        dict(base, id="down", text="D reaches E1 first", series=series, toward="E1"),
+    ]
+    evals = _write(tmp_path)
+    paper = parse_paper(data, "tm.yaml")
+    res = {c.id: L.evaluate_claim(paper, c, "tiny", [0, 1], evals, K, tmp_path / "runs") for c in paper.claims}
+    assert res["up"].verdict == S.HOLDS and res["down"].verdict == S.CONTRADICTED
+    assert "closeness to RL" in res["up"].test and "closer to RL's Acc" in res["up"].note
+    df = build_table(paper, "replacement", "tiny", [0, 1], evals, K)
+    cell = {(r["row"], r["column"]): r["ours_mean"] for r in df.to_dict("records")}
+    xd, yd = [cell[(f"D{i}", "Replaced")] for i in (1, 2, 3)], [cell[(f"D{i}", "Acc")] for i in (1, 2, 3)]
+    xk, yk = [cell[(f"K{i}", "Replaced")] for i in (1, 2, 3)], [cell[(f"K{i}", "Acc")] for i in (1, 2, 3)]
+    grid = np.linspace(max(min(xd), min(xk)), min(max(xd), max(xk)), 11)
+    for cid, t in (("up", cell[("RL", "Acc")]), ("down", cell[("E1", "Acc")])):
+        hand = np.mean(np.abs(np.interp(grid, xk, yk) - t) - np.abs(np.interp(grid, xd, yd) - t))
+        assert res[cid].comparisons[0].diff == pytest.approx(float(hand))
+    md = L.ledger_markdown(
+        paper,
+        "tiny",
+        *L.build_ledger(paper, "tiny", [0, 1], {"replacement": df}, evals, K, tmp_path / "r", "file:///n"),
+    )
+    assert "at matched Replaced, in closeness to RL on Acc" in md
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"toward": "D1"}, r"toward: row 'D1' is in series 'D'"),
+        ({"toward": "nope"}, r"toward: unknown row 'nope'"),
+        ({"toward": "RL", "direction": "lower"}, r"closer is better"),
+    ],
+)
+def test_toward_validation(change, message):
+    data = copy.deepcopy(PAPER)
+    data["claims"] = [dict(data["claims"][0], **change)]
+    with pytest.raises(ValueError, match=message):
+        parse_paper(data, "tm.yaml")
+    data["claims"] = [dict(data["claims"][0], kind="order", rows=["D1", "K1"], toward="RL")]
+    for key in ("series", "x"):
+        data["claims"][0].pop(key)
+    with pytest.raises(ValueError, match="a order claim takes no 'toward'"):
+        parse_paper(data, "tm.yaml")
+
+
 def test_two_links_are_holm_corrected(tmp_path: Path):
     data = copy.deepcopy(PAPER)
     data["claims"] = [

@@ -564,9 +564,9 @@ def _parse_claims(chk: Checker, data: list | None, tables: Mapping[str, TableSpe
 
 
 def _parse_series(chk: Checker, body: Mapping, where: str, spec: TableSpec, column: str, ref) -> dict[str, Any]:
-    """A matched_order claim's `x` (an evaluation column of the table other than `column`) and `series` (name ->
+    """A matched_order claim's `x` (an evaluation column of the table other than `column`), `series` (name ->
     row labels, in the claimed order, no row in two; where `x` is a replacement rate every row is a test-time
-    decoding)."""
+    decoding) and optional `toward` (a row outside the series whose value they are to reach)."""
     accuracy = [c.name for c in spec.columns if not (c.is_training or c.is_comparison) and c.name != column]
     x = chk.choice(body["x"], f"{where}.x", accuracy)
     series: list[tuple[str, tuple[tuple[str, str], ...]]] = []
@@ -587,7 +587,12 @@ def _parse_series(chk: Checker, body: Mapping, where: str, spec: TableSpec, colu
                     f"row {row[0]!r} has no test-time decoding: it has no {x!r} (replacement_rate) to match on",
                 )
         series.append((str(name), rows))
-    return {"series": tuple(series), "x": x}
+    toward = ref(body["toward"], f"{where}.toward") if "toward" in body else None
+    if toward is not None and toward in seen:
+        chk.fail(f"{where}.toward", f"row {toward[0]!r} is in series {seen[toward]!r}: the target is not a series row")
+    if toward is not None and body.get("direction", "higher") != "higher":
+        chk.fail(f"{where}.direction", "a claim with `toward` compares closeness: closer is better (higher)")
+    return {"series": tuple(series), "x": x, "toward": toward}
 
 
 def _freeze(v: Any) -> Any:

@@ -172,7 +172,8 @@ class Claim:
     `order`: rows[0] > rows[1] > ... (Holm over the links); `between`: each of over < row < each of under (Holm);
     `matched_order`: series[0] > series[1] > ... (Holm over the links), each series a curve of rows (one per
     threshold, say) compared on `column` at matched values of the column `x` (the replacement rate): each series'
-    `column` interpolated linearly in its measured `x` at common x values inside every series' measured range.
+    `column` interpolated linearly in its measured `x` at common x values inside every series' measured range; with
+    `toward` a row, closeness to that row's value is compared instead of the value.
     `direction: lower` flips every comparison (lower is better, e.g. a step time)."""
 
     id: str
@@ -189,6 +190,9 @@ class Claim:
     """matched_order only: (name, rows) per series, in the claimed order (best first)."""
     x: str | None = None
     """matched_order only: the column the series are matched on (the replacement rate)."""
+    toward: tuple[str, str] | None = None
+    """matched_order only: a row whose `column` the series are to reach (Δlog p's "recovers pi_RL's accuracy"): each
+    series is scored by -|value - the row's value|, so closer is better whichever side of it the series lie on."""
 
     def series_links(self) -> list[tuple[str, str]]:
         """matched_order: the (better, worse) pairs of series names the claim needs, consecutive in its order."""
@@ -198,7 +202,7 @@ class Claim:
     def refs(self) -> list[tuple[str, str]]:
         """Every row the claim reads, in order, without repeats."""
         rows = [r for pair in self.comparisons() for r in pair] + [r for _, rs in self.series for r in rs]
-        return list(dict.fromkeys(rows))
+        return list(dict.fromkeys(rows + ([self.toward] if self.toward else [])))
 
     def comparisons(self) -> list[tuple[tuple[str, str], tuple[str, str]]]:
         """The (winner, loser) pairs of rows the claim needs, each `winner > loser` (in `direction`); none for

@@ -31,6 +31,9 @@ of every series, recomputes every row's x and y (so the uncertainty of the measu
 re-interpolates at the same matched rates (a resampled curve that no longer spans one is held at its end value).
 Verdicts as for `order` (one link: its bounds; several: Holm over the links). When the series' measured ranges do not
 overlap there is no matched rate: the claim is `not decidable` (NOT_DECIDABLE), reported with each series' range.
+With `toward` a row (the RL model whose accuracy replacement is to recover), a link's statistic is instead the mean
+over the matched rates of |y_B(x) - y_T| - |y_A(x) - y_T|, y_T that row's cell resampled with the same draws: A
+reaches the target with fewer replacements, whether the target lies above the base model's accuracy or below it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from creditlab.tables.stats import (
     HOLDS,
     MATCHED_POINTS,
     MATCHED_TEST,
+    MATCHED_TOWARD,
     N_BOOT,
     NOISE,
     PAIRED_TEST,
@@ -126,10 +130,11 @@ def _series_values(
     sign: float,
     n_boot: int = N_BOOT,
     seed: int = BOOT_SEED,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
     """Per series of a matched_order claim: (x, y) of its rows, each [1 + n_boot, T]: the point estimate (row 0), then
     the bootstrap draws, every row of every series resampled with the same seeds and, per suite, the same questions.
-    x and y are the cells of the claim's `x` and `column` in percent (y times `sign`)."""
+    x and y are the cells of the claim's `x` and `column` in percent (y times `sign`). Second: the `toward` row's y
+    [1 + n_boot] with the same draws (None without `toward`)."""
     y_col, x_col = table.column(claim.column), table.column(str(claim.x))
     leaves = {name: paper.leaves_at(table.name, col, scale)[0] for name, col in (("y", y_col), ("x", x_col))}
     suites = {name: [paper.suite_for(b, scale) for b, _ in pairs] for name, pairs in leaves.items()}
@@ -141,13 +146,13 @@ def _series_values(
         results = [
             load_eval(Path(evals_dir), paper.backbone_for(row.backbone, scale), row.run, s, row.decode) for s in seeds
         ]
-        arrays[ref] = {
+        arrays[ref] = {  # the `toward` row is read for y only (an RL run's own evaluation has no replacement rate)
             name: [100.0 * seed_matrix(results, s, m) for s, m in zip(suites[name], metrics[name])]
-            for name in ("y", "x")
+            for name in (("y",) if ref == claim.toward else ("y", "x"))
         }
     sizes = {}
     for per in arrays.values():
-        for name in ("y", "x"):
+        for name in per:
             for s, v in zip(suites[name], per[name]):
                 if sizes.setdefault(s, v.shape) != v.shape:
                     raise ValueError(
@@ -169,7 +174,9 @@ def _series_values(
         x = np.stack([cell(arrays[r], "x") for r in rows], axis=1)
         y = sign * np.stack([cell(arrays[r], "y") for r in rows], axis=1)
         out[series] = (x, y)
-    return out
+    # `toward`: the target row's y [1 + n_boot], resampled with the same draws
+    target = None if claim.toward is None else sign * cell(arrays[claim.toward], "y")
+    return out, target
 
 
 def _evaluate_matched(
@@ -181,7 +188,9 @@ def _evaluate_matched(
     if claim.x not in [c.name for c in paper.columns_at(claim.table, scale)]:
         return ClaimResult(claim, "—", NOT_TESTABLE, note=f"column {claim.x!r} has no stand-in at scale {scale!r}")
     sign = 1.0 if claim.direction == "higher" else -1.0
-    values = _series_values(paper, table, claim, scale, seeds, evals_dir, k, sign)
+    values, target = _series_values(paper, table, claim, scale, seeds, evals_dir, k, sign)
+    if claim.toward is not None:
+        test += MATCHED_TOWARD.format(x=claim.x, y=claim.column, t=claim.toward[0])
     ranges = "; ".join(f"{name} {x[0].min():.4g}–{x[0].max():.4g}" for name, (x, _) in values.items())
     common = matched_range([x[0] for x, _ in values.values()])
     if common is None:
@@ -194,12 +203,18 @@ def _evaluate_matched(
         )
     grid = matched_grid(*common)
     comps = [
-        Comparison((a, ""), (b, ""), *matched_gap_bootstrap(values[a], values[b], grid))
+        Comparison((a, ""), (b, ""), *matched_gap_bootstrap(values[a], values[b], grid, target=target))
         for a, b in claim.series_links()
     ]
     note = (
         f"matched {claim.x}: {len(grid)} values over {common[0]:.4g}–{common[1]:.4g} (the common range of the "
-        f"measured {claim.x}: {ranges}); advantage = mean accuracy difference over them, in points"
+        f"measured {claim.x}: {ranges}); advantage = "
+        + (
+            "mean accuracy difference over them, in points"
+            if target is None
+            else f"how much closer to {claim.toward[0]}'s {claim.column} ({target[0]:.4g}) on average over them, "
+            "in points"
+        )
     )
     if claim.direction == "lower":
         test += "; lower is better: the difference is the winner's advantage, loser − winner"
@@ -279,6 +294,8 @@ def claim_statement(claim: Claim) -> str:
         s = f" {op} ".join(map(name, claim.rows))
     elif claim.kind == "matched_order":
         s = f" {op} ".join(f"{n} ({', '.join(map(name, rows))})" for n, rows in claim.series) + f" at matched {claim.x}"
+        if claim.toward is not None:
+            s += f", in closeness to {name(claim.toward)}"
     else:
         inv = "<" if op == ">" else ">"
         s = f"{', '.join(map(name, claim.over))} {inv} {name(claim.row)} {inv} {', '.join(map(name, claim.under))}"

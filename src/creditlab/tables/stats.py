@@ -49,6 +49,11 @@ UNPAIRED_TEST = (
     "unpaired bootstrap over RL steps (steps of all seeds pooled, each run resampled "
     "independently), one-sided alpha 0.05"
 )
+MATCHED_TOWARD = (
+    "; closeness to {t}: the statistic per link is instead the mean over the matched values of |{y} - {t}'s "
+    "{y}| of the second series minus that of the first (each curve interpolated, then its distance to {t}'s cell "
+    "taken, the row resampled with the same draws): the first series reaches {t} with fewer {x}"
+)
 MATCHED_TEST = (
     "accuracy at matched {x}: per series, {y} interpolated linearly in the measured {x} (its rows' cells) "
     "at {g} evenly spaced {x} values over the common range of the series' measured {x} (inside every "
@@ -323,15 +328,25 @@ def matched_grid(lo: float, hi: float, n: int = MATCHED_POINTS) -> np.ndarray:
 
 
 def matched_gap_bootstrap(
-    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], grid: np.ndarray, alpha: float = ALPHA
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
+    grid: np.ndarray,
+    alpha: float = ALPHA,
+    target: np.ndarray | None = None,
 ) -> tuple[float, float, float, float, float]:
     """(diff, lo, hi, p, p_reverse) of the mean over `grid` of y_A(x) - y_B(x), each series given as (x, y): point
     values [T] (one per row) and bootstrap values [B, T] (the same draws for both series) stacked as (x [B+1, T],
-    y [B+1, T]) with the point estimate first. Bounds and p-values as `paired_bootstrap_diff_suites`."""
+    y [B+1, T]) with the point estimate first. Bounds and p-values as `paired_bootstrap_diff_suites`.
+
+    With `target` [B+1] (a row's value, the same draws): the mean of |y_B(x) - t| - |y_A(x) - t|, how much closer
+    to the target A's interpolated curve is than B's (each curve interpolated first, then its distance taken)."""
     (xa, ya), (xb, yb) = a, b
 
     def gap(i: int) -> float:
-        return float(np.mean(interpolate_curve(xa[i], ya[i], grid) - interpolate_curve(xb[i], yb[i], grid)))
+        ia, ib = interpolate_curve(xa[i], ya[i], grid), interpolate_curve(xb[i], yb[i], grid)
+        if target is not None:
+            return float(np.mean(np.abs(ib - target[i]) - np.abs(ia - target[i])))
+        return float(np.mean(ia - ib))
 
     boots = np.array([gap(i) for i in range(1, len(xa))])
     return _bounds(gap(0), boots, alpha)
