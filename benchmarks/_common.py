@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from creditlab import paths
 from creditlab.data.io import read_records
 from creditlab.data.prepare import prepare_tiny
@@ -52,3 +54,10 @@ def write_result(result: dict[str, Any], out: str) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+
+
+def mean_ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
+    """95% percentile-bootstrap CI of the mean of x (per-step differences, say), seed 0."""
+    rng = np.random.default_rng(0)
+    means = [x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]

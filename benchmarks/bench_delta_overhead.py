@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import count_forwards, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import count_forwards, mean_ci, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab.engines.local.trainer import Trainer
 from creditlab.plan import compose
@@ -33,12 +33,6 @@ OVERRIDES = [
     "trainer.dynamic_sampling=false",
     "trainer.mini_batches=4",
 ]  # Paper B's setting (configs/papers/delta.yaml)
-
-
-def _ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
-    rng = np.random.default_rng(0)
-    means = [x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def main() -> None:
@@ -95,7 +89,7 @@ def main() -> None:
             "delta": int(col["forwards_delta"].mean()),
         },
         "overhead_step_pct": float(100 * (step_delta.mean() / step_dapo.mean() - 1)),
-        "overhead_step_pct_ci95": [100 * x for x in _ci((step_delta - step_dapo) / step_dapo.mean())],
+        "overhead_step_pct_ci95": [100 * x for x in mean_ci((step_delta - step_dapo) / step_dapo.mean())],
         "overhead_learn_pct": float(100 * (col["t_learn_delta"].mean() / col["t_learn_dapo"].mean() - 1)),
         "coefficients_pct_of_step": float(100 * col["t_credit_delta"].mean() / step_dapo.mean()),
         "paper": "+37 s, ~10.2% of the first step on 8xB200 with 3 extra forward passes",

@@ -25,18 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import mean_ci, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab.engines.local.trainer import Trainer
 from creditlab.lm.batch import length_chunks, pack
 from creditlab.plan import TINY_WORLD, compose, world_run_overrides
 from creditlab.rewards.scorer import RewardScorer
-
-
-def _ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
-    rng = np.random.default_rng(0)
-    means = [x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def _real_share(ro, pad_id: int, max_tokens: int) -> float:
@@ -114,7 +108,7 @@ def main() -> None:
             f"update, {K}": float(col[f"t_update_{K}"].mean()),
         },
         "learn_time_ratio": float(learnK.mean() / learn1.mean()),
-        "learn_time_ratio_ci95": [1 + x for x in _ci((learnK - learn1) / learn1.mean())],
+        "learn_time_ratio_ci95": [1 + x for x in mean_ci((learnK - learn1) / learn1.mean())],
         "update_rel_diff_max": float(col["update_rel_diff"].max()),
         "rows": rows,
     }

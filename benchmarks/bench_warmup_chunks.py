@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import mean_ci, tiny_world, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from creditlab import paths
 from creditlab.data.io import read_records
@@ -30,12 +30,6 @@ from creditlab.data.tokenizer import sft_examples
 from creditlab.lm.batch import chunked_response_forward, length_chunks, pack
 from creditlab.models.tiny import build_model
 from creditlab.plan import TINY_WORLD, compose
-
-
-def _ci(x: np.ndarray, n_boot: int = 2000) -> list[float]:
-    rng = np.random.default_rng(0)
-    means = [x[rng.integers(0, len(x), len(x))].mean() for _ in range(n_boot)]
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def main() -> None:
@@ -96,7 +90,7 @@ def main() -> None:
         "real_token_share": {"0": float(col["real_share_0"].mean()), str(K): float(col[f"real_share_{K}"].mean())},
         "seconds_per_step": {"0": float(t0.mean()), str(K): float(tK.mean())},
         "step_time_ratio": float(tK.mean() / t0.mean()),
-        "step_time_ratio_ci95": [1 + x for x in _ci((tK - t0) / t0.mean())],
+        "step_time_ratio_ci95": [1 + x for x in mean_ci((tK - t0) / t0.mean())],
         "loss_at_end": {"0": rows[-1]["loss_0"], str(K): rows[-1][f"loss_{K}"]},
         "rows": rows,
     }
