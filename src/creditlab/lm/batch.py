@@ -140,9 +140,10 @@ def length_chunks(lengths: Tensor, max_tokens: int) -> list[Tensor]:
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     order = torch.argsort(lengths, stable=True)
+    sorted_lengths = lengths[order].tolist()
     chunks, start = [], 0
     for i in range(1, len(order) + 1):
-        if i == len(order) or (i - start + 1) * int(lengths[order[i]]) > max_tokens:
+        if i == len(order) or (i - start + 1) * sorted_lengths[i] > max_tokens:
             chunks.append(order[start:i])
             start = i
     return chunks
