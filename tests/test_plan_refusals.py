@@ -130,7 +130,11 @@ def test_refused_runs_leave_out_their_tables_figures_and_analyses(monkeypatch):
     assert plan.skipped_analyses == {
         ("headtohead", "fidelity_gains"): "micro/micro-s/dapo/s0: table headtohead/main is not built at scale 'micro'"
     }
-    assert plan.analyses == [("headtohead", "credit_fidelity"), ("headtohead", "credit_fidelity_mid")]
+    assert plan.analyses == [
+        ("headtohead", "credit_fidelity"),
+        ("headtohead", "credit_fidelity_mid"),
+        ("headtohead", "credit_fidelity_lora_mid"),
+    ]
     read = {r.key for p, t in plan.tables for r in plan.table_runs(p, t)}
     assert not read & set(plan.refused_runs)
     notes = plan.notes()  # after the table without a stand-in here (delta/statistics), as the DAG prints them
