@@ -74,8 +74,8 @@ def test_paper_scale_plans_every_table_of_the_five_papers(paper_plan):
     assert len(every) == 16
     trained = [r for r in paper_plan.runs.values() if r.trains]
     # 7 Paper A + 24 Paper B + 16 x 5 seeds Paper E (Table 1 and the G sweep run both DFPO transforms) + 14 Paper C
-    # (13 + our RB compute control dapo-ds4) + 7 Paper D
-    assert len(trained) == 135 and len(paper_plan.runs) == 137
+    # (13 + our RB compute control, dynamic sampling capped at 2, 3 and 4 rounds) + 7 Paper D
+    assert len(trained) == 137 and len(paper_plan.runs) == 139
     assert paper_plan.paper_seeds("dfpo") == [0, 1, 2, 3, 4] and paper_plan.paper_seeds("arca") == [1337]
     suites = yaml.safe_load((CONFIG_DIR / "suites" / "paper.yaml").read_text())
     for p in PAPERS:  # every table's benchmark has a suite of the paper-scale catalog, every backbone a hub model

@@ -146,12 +146,19 @@ def test_refused_runs_leave_out_their_tables_figures_and_analyses(monkeypatch):
     assert notes[5].startswith("analysis headtohead/fidelity_gains refused at scale 'micro', not built: ")
 
     # a refused run that a run-based figure and analyses read (the paper's first seed's run)
-    plan.refused_runs = first | {"micro/micro-s/delta/s0": "stand-in C", "micro/micro-s/dapo/s0": "stand-in D"}
+    plan.refused_runs = first | {
+        "micro/micro-s/delta/s0": "stand-in C",
+        "micro/micro-s/dapo/s0": "stand-in D",
+        "micro/micro-s/dapo-lora/s0": "stand-in E",
+    }
     assert plan.refused_figures[("delta", "token_clouds")] == "its run micro/micro-s/delta/s0 is refused: stand-in C"
     assert plan.tables == [] and plan.figures == []
     plan.skipped_analyses = check_analyses(plan)
     assert plan.skipped_analyses[("headtohead", "credit_fidelity")] == (
         "micro/micro-s/dapo/s0: run refused at plan time: stand-in D"
+    )
+    assert plan.skipped_analyses[("headtohead", "credit_fidelity_lora_mid")] == (
+        "micro/micro-s/dapo-lora/s0: run refused at plan time: stand-in E"
     )
     assert plan.analyses == []
 

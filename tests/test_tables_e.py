@@ -239,6 +239,22 @@ E_ERRORS = {
         "unknown value 'gspoo'",
     ),
     "unknown metric lists steps_to": (_edit([*COLS, 0, "metric"], "steps_too"), "metric", "'steps_to'"),
+    "threshold_of unknown run": (_edit([*COLS, 0, "threshold_of"], "gspoo"), ".threshold_of", "unknown value 'gspoo'"),
+    "threshold_of share not positive": (
+        lambda d: (_edit([*COLS, 0, "threshold_of"], "gspo")(d), _edit([*COLS, 0, "threshold"], 0)(d)),
+        "columns[0] (Steps to 0.7).threshold",
+        "a share of 'gspo''s final reward is > 0, got 0",
+    ),
+    "threshold_of on accuracy": (
+        _edit([*COLS, 0], {"name": "A", "benchmark": "A", "metric": "avg@k", "threshold_of": "gspo"}),
+        "columns[0] (A).threshold_of",
+        "threshold_of applies to a steps_to column only",
+    ),
+    "threshold_of without its row": (
+        lambda d: (_edit(["runs", "extra"], {"method": "grpo"})(d), _edit([*COLS, 0, "threshold_of"], "extra")(d)),
+        "columns[0] (Steps to 0.7).threshold_of",
+        "no row of run 'extra' on backbone 'Small-32B' (row 'GRPO') whose final reward sets the threshold",
+    ),
 }
 
 
@@ -363,6 +379,39 @@ def test_steps_to_cells_several_seeds(results: Path):
         assert text in md, text
     base_line = next(line for line in md.splitlines() if line.startswith("| Small-32B | Base |"))
     assert base_line == "| Small-32B | Base |  | — |  | — |  | — |  | — |"
+
+
+def test_steps_to_threshold_of_a_runs_final_reward(results: Path):
+    """threshold_of: the level is the share x the reference run's final reward EMA (mean over the seeds), computed here
+    in closed form: after k zeros and N - k ones the debiased EMA is (1 - s^(N-k)) / (1 - s^N)."""
+    data = copy.deepcopy(PAPER)
+    data["tables"]["compute"]["columns"] = [
+        {"name": "Steps to 90% of GSPO", "metric": "steps_to", "threshold": 0.9, "threshold_of": "gspo"},
+        {"name": "vs GSPO", "metric": "steps_to", "threshold": 0.9, "threshold_of": "gspo", "relative_to": "gspo"},
+    ]
+    data["tables"]["compute"]["rows"][3].pop("paper")
+    data["figures"].pop("compute_bars")
+    te = _paper(data)
+    assert te.table("compute").columns[0].threshold_of == "gspo"
+    s = SMOOTHING
+    finals = [(1 - s ** (N - k)) / (1 - s**N) for k in (2, 3, 4)]  # gspo's seeds: 2, 3, 4 zeros
+    level = 0.9 * np.mean(finals)
+    assert level < min(finals)  # below every seed's last EMA: gspo reaches it in each seed
+    df = build_table(te, "compute", "tiny", [0, 1, 2], results / "tiny" / "evals", k=8)
+    for label, run in (("GSPO", "gspo"), ("DFPO", "dfpo"), ("GRPO", "grpo"), ("Never", "never")):
+        reach = [first_reach(ZEROS[(run, seed)], threshold=level) for seed in (0, 1, 2)]
+        want = [N if r is None else r for r in reach]
+        cell = _cell(df, label, "Steps to 90% of GSPO")
+        assert cell.ours_mean == pytest.approx(np.mean(want)), label
+        assert cell.censored == sum(r is None for r in reach), label
+        assert cell.detail.startswith(f"threshold {level:.4g} (0.9 x gspo's final reward EMA); "), cell.detail
+    assert _cell(df, "GSPO", "Steps to 90% of GSPO").censored == 0
+    ratio = _cell(df, "DFPO", "vs GSPO")
+    dfpo = [first_reach(ZEROS[("dfpo", seed)], threshold=level) for seed in (0, 1, 2)]
+    gspo = [first_reach(ZEROS[("gspo", seed)], threshold=level) for seed in (0, 1, 2)]
+    assert ratio.ours_mean == pytest.approx(100 * (np.mean(dfpo) / np.mean(gspo) - 1))
+    md = table_markdown(df, te.table("compute"), te)
+    assert "0.9 x the last value of the same EMA of `gspo`'s reward" in md
 
 
 def test_steps_to_one_seed_has_no_ci_and_roundtrips(results: Path, tmp_path: Path):

@@ -7,6 +7,11 @@ token kind, Paper A's ranking precision, sampled accuracy) with a stated test:
   unpaired), effect = mean(arm) - mean(ref);
 * ``one_sample`` -- ``metric`` of run ``arm`` against 0 (a within-run contrast, e.g. Δlog p's precision minus the
   entropy's): two-sided one-sample t test over seeds;
+* ``matched`` (``matched_over``; protocol v5) -- a paired test whose reference is a curve, not a run: per seed, the
+  runs ``matched_over`` (one arm at several budgets, e.g. dynamic sampling capped at 2, 3, 4 generation rounds) give
+  points (``matched_at``, ``metric``), and the reference is their piecewise-linear interpolation at the arm's own
+  ``matched_at`` (:func:`matched_reference`): the arm against the curve at equal cost. A seed whose arm lies outside
+  the curve's range at that seed, or misses a point, has no pair (counted, not extrapolated);
 * ``paired`` (``paired=True``; protocol v3) -- run ``arm`` against run ``ref`` on the seeds both ran: two-sided paired
   t test of the per-seed differences (the arms of one seed share their prompts and sampling seed, and in protocol v2
   their scores correlated, e.g. 0.91 in the decisive p). Its power is stated at a correlation of 0 between the arms
@@ -46,6 +51,8 @@ class MechanismTest:
     sign: int = 1  # the predicted sign of the effect
     family: bool = True
     paired: bool = False  # a paired t test over the seeds both arms ran (module docstring), else Welch's
+    matched_over: tuple[str, ...] = ()  # matched: ``ref`` names the curve of these runs read at the arm's matched_at
+    matched_at: str = "train/gen_rounds"  # the cost the curve is matched on (module docstring: ``matched``)
 
 
 V1: tuple[MechanismTest, ...] = (
@@ -148,8 +155,27 @@ V4: tuple[MechanismTest, ...] = (
 RB against the baseline given the same cap on generation rounds through dynamic sampling (S5: does balancing add to
 filtering out uninformative groups?)."""
 
-PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2, "v3": V3, "v4": V4}
-PROTOCOL = V4
+V5: tuple[MechanismTest, ...] = (
+    V4[-1],
+    MechanismTest(
+        "S6",
+        "cancellation",
+        "accuracy: RB vs the baseline with dynamic sampling at RB's own generation rounds per update (the curve of "
+        "dynamic sampling capped at 2, 3 and 4 rounds, interpolated; pp)",
+        "avg_sampled",
+        "rb",
+        "dapo-ds@rb-rounds",
+        1,
+        False,
+        True,
+        matched_over=("dapo-ds2", "dapo-ds3", "dapo-ds4"),
+    ),
+)
+"""Protocol v5 (docs/papers/mechanisms.md section 12): v4's S5 again on the current code, and S6, RB against dynamic
+sampling at matched generation compute (v4's S5 let dynamic sampling draw 3.05 rounds per update against RB's 2.34)."""
+
+PROTOCOLS: dict[str, tuple[MechanismTest, ...]] = {"v1": V1, "v2": V2, "v3": V3, "v4": V4, "v5": V5}
+PROTOCOL = V5
 """The current protocol."""
 SUITES = ("medium", "hard")
 """The suites of the sampled accuracy: those every run's evaluation has (DFPO's tables read no ``easy``)."""
@@ -157,8 +183,8 @@ SUITES = ("medium", "hard")
 
 def protocol_runs(protocol: Sequence[MechanismTest]) -> list[str]:
     """The plan run names a protocol reads (cancellation's dapo / qb / rb, delta's delta, dfpo's grpo / dfpo), in
-    order of first use."""
-    return list(dict.fromkeys(r for t in protocol for r in (t.arm, t.ref) if r is not None))
+    order of first use (a matched test reads its curve's runs, not its ``ref``, which names the curve)."""
+    return list(dict.fromkeys(r for t in protocol for r in (t.arm, *(t.matched_over or (t.ref,))) if r is not None))
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, float]:
@@ -198,6 +224,35 @@ def paired_seeds(scores: Mapping[str, Mapping[int, Mapping[str, float]]], t: Mec
     return sorted(s for s in set(arm) & set(ref) if t.metric in arm[s] and t.metric in ref[s])
 
 
+def matched_reference(
+    scores: Mapping[str, Mapping[int, Mapping[str, float]]], t: MechanismTest
+) -> dict[int, dict[str, float]]:
+    """Per seed of ``t.arm``: the curve of ``t.matched_over``'s runs at that seed (points (x, y) = (``matched_at``,
+    ``metric``), sorted by x) read by linear interpolation at the arm's x, as {metric: y, matched_at: x}. Seeds where
+    the arm has no x, a curve run misses a point, or x lies outside [min x, max x] of the curve get no entry."""
+    out: dict[int, dict[str, float]] = {}
+    for seed, v in scores[t.arm].items():
+        pts = [scores.get(run, {}).get(seed, {}) for run in t.matched_over]
+        if t.matched_at not in v or not all(t.metric in p and t.matched_at in p for p in pts):
+            continue
+        xs, ys = zip(*sorted((float(p[t.matched_at]), float(p[t.metric])) for p in pts))
+        x = float(v[t.matched_at])
+        if xs[0] <= x <= xs[-1]:
+            out[seed] = {t.metric: float(np.interp(x, xs, ys)), t.matched_at: x}
+    return out
+
+
+def with_matched(
+    scores: Mapping[str, Mapping[int, Mapping[str, float]]], protocol: Sequence[MechanismTest]
+) -> dict[str, Mapping[int, Mapping[str, float]]]:
+    """``scores`` plus, for every matched test of ``protocol``, its reference curve under the name ``t.ref``."""
+    out = dict(scores)
+    for t in protocol:
+        if t.matched_over:
+            out[t.ref] = matched_reference(scores, t)
+    return out
+
+
 def gen_rounds(metrics_jsonl: str | Path) -> float | None:
     """A run's mean generation rounds per update over its steps (``rb_rounds`` under reward-balanced batching, else
     ``n_gen_batches``: dynamic sampling's batches, 1 without it), from its ``metrics.jsonl``; None without the file."""
@@ -220,8 +275,10 @@ def decide(
     """Every test of ``protocol`` on ``scores`` (run -> seed -> metric -> value) with its SESOI from ``noise_sd``
     (metric -> seed sd of the noise runs). Returns one row per test: effect, se, t, p, Holm p (family), verdict, n,
     SESOI and the power to detect it (two-sample: the exact t test's with the smaller arm's n; one-sample: the
-    noncentral t's with the seeds used; also at alpha / family size, Holm's worst case)."""
+    noncentral t's with the seeds used; also at alpha / family size, Holm's worst case). A matched test pairs the
+    arm with its curve (:func:`matched_reference`); ``unmatched`` counts the arm's seeds left without a pair."""
 
+    scores = with_matched(scores, protocol)
     rows = []
     for t in protocol:
         a = [v[t.metric] for v in scores[t.arm].values() if t.metric in v]
@@ -264,8 +321,15 @@ def decide(
                 "sesoi": sesoi,
                 "power_at_sesoi": power,
                 "power_at_sesoi_holm": power_holm,  # at alpha / (family size): the first step of Holm, its worst case
-                "test": "one-sample t" if t.ref is None else "paired t" if t.paired else "Welch t",
+                "test": "one-sample t"
+                if t.ref is None
+                else f"paired t at matched {t.matched_at}"
+                if t.matched_over
+                else "paired t"
+                if t.paired
+                else "Welch t",
                 "pair_corr": corr,  # paired: the arms' correlation over the seeds (the power assumes 0)
+                "unmatched": len(scores[t.arm]) - n if t.matched_over else 0,
             }
         )
     fam = [r for r in rows if r["family"]]
@@ -292,6 +356,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         lines.append(
             f"| {r['id']} | {r['paper']} | {r['claim']} | `{r['metric']}` | {r['n']} | {r['test']}"
             + (f" (r {r['pair_corr']:.2f})" if r.get("pair_corr") is not None else "")
+            + (f", {r['unmatched']} seed(s) outside the curve" if r.get("unmatched") else "")
             + f" | {r['effect']:+.4g} ± "
             f"{r['se']:.2g} | {r['t']:.2f} | {r['p']:.3g} | {ph} | **{r['verdict']}** | {r['sesoi']:.3g} | "
             f"{r['power_at_sesoi']:.2f} ({r['power_at_sesoi_holm']:.2f}) |"
@@ -378,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", required=True)
     ap.add_argument("--noise", required=True, help="the noise JSON (analysis/noise.py) the SESOIs come from")
     ap.add_argument("--probe-n", type=int, default=100)
-    ap.add_argument("--protocol", default="v4", choices=sorted(PROTOCOLS))
+    ap.add_argument("--protocol", default="v5", choices=sorted(PROTOCOLS))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [int(x) for x in a.seeds.split(",")]
@@ -394,6 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if (g := gen_rounds(paths.fmt(paths.RUN_METRICS, **kw))) is not None:
                 v["train/gen_rounds"] = g
     rows = decide(scores, noise_sd, protocol=PROTOCOLS[a.protocol])
+    scores = with_matched(scores, PROTOCOLS[a.protocol])  # the curves, as the verdicts and the figure read them
     out = Path(a.results) / a.scale / "analyses" / f"mechanisms_{a.protocol}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

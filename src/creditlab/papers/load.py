@@ -401,10 +401,14 @@ def _parse_training_column(chk: Checker, body: Mapping, where: str, name: str, p
     relative_to = None
     if body.get("relative_to") is not None:
         relative_to = chk.choice(body["relative_to"], f"{where}.relative_to", paper["runs"])
-    threshold = smoothing = None
+    threshold = smoothing = threshold_of = None
     if metric == "steps_to":
         threshold = _finite(chk, body["threshold"], f"{where}.threshold")
         smoothing = _finite(chk, body.get("smoothing", STEPS_TO_SMOOTHING), f"{where}.smoothing")
+        if body.get("threshold_of") is not None:
+            threshold_of = chk.choice(body["threshold_of"], f"{where}.threshold_of", paper["runs"])
+            if threshold is not None and not threshold > 0:
+                chk.fail(f"{where}.threshold", f"a share of {threshold_of!r}'s final reward is > 0, got {threshold}")
     return Column(
         name,
         metric=metric,
@@ -412,24 +416,28 @@ def _parse_training_column(chk: Checker, body: Mapping, where: str, name: str, p
         relative=body.get("relative", "percent"),
         threshold=threshold,
         smoothing=smoothing,
+        threshold_of=threshold_of,
         key=body.get("key") if metric == "train_mean" else None,
     )
 
 
 def _check_relative_to(chk: Checker, where: str, columns: list[Column], rows: list[Row]) -> None:
-    """A relative_to column needs, on the backbone of every trained row, a row of the reference run."""
+    """A relative_to (threshold_of) column needs, on the backbone of every trained row, a row of the reference run
+    (of the run whose final reward sets the threshold)."""
     for i, col in enumerate(columns):
-        if col.relative_to is None:
-            continue
-        for row in rows:
-            if row.run == BASE_RUN:
+        for key, ref, what in (
+            ("relative_to", col.relative_to, "to compare with"),
+            ("threshold_of", col.threshold_of, "whose final reward sets the threshold"),
+        ):
+            if ref is None:
                 continue
-            if not any(r.run == col.relative_to and r.backbone == row.backbone for r in rows):
+            for row in rows:
+                if row.run == BASE_RUN or any(r.run == ref and r.backbone == row.backbone for r in rows):
+                    continue
                 runs = _unique_list(r.run for r in rows if r.backbone == row.backbone and r.run != BASE_RUN)
                 chk.fail(
-                    f"{where}.columns[{i}] ({col.name}).relative_to",
-                    f"no row of run {col.relative_to!r} on backbone {row.backbone!r} (row "
-                    f"{row.label!r}) to compare with",
+                    f"{where}.columns[{i}] ({col.name}).{key}",
+                    f"no row of run {ref!r} on backbone {row.backbone!r} (row {row.label!r}) {what}",
                     runs,
                 )
 

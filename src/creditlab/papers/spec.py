@@ -81,7 +81,9 @@ class Column:
     own). `weighting` applies when several suites are averaged. `relative_to` (training columns only)
     names a run: the cell then compares the row's value with that run's on the same backbone, as a %
     difference or a ratio (`relative`). `threshold` / `smoothing` (steps_to only): the training-reward
-    level to reach and the EMA factor applied to the reward curve first.
+    level to reach and the EMA factor applied to the reward curve first; with `threshold_of` (a run) the level
+    is `threshold` x that run's final reward EMA on the row's backbone (mean over the seeds), a level every
+    world reaches, where a fixed number belongs to one world's reward scale.
     """
 
     name: str
@@ -94,6 +96,8 @@ class Column:
     relative: str = "percent"
     threshold: float | None = None
     smoothing: float | None = None
+    threshold_of: str | None = None
+    """steps_to only: the run whose final reward EMA `threshold` multiplies (None: `threshold` is the level)."""
     key: str | None = None
     """train_mean only: the training metric (a key of the runs' metrics.jsonl) averaged over steps."""
     of: str | None = None

@@ -44,6 +44,7 @@ from creditlab.tables.frame import LONG_COLUMNS, SEP, unique
 from creditlab.tables.load import (
     StepsTo,
     StepTimes,
+    final_reward_ema,
     load_eval,
     load_step_times,
     load_steps_to,
@@ -306,6 +307,11 @@ def _steps_to_line(
     unit = _unit(column)
     if value is None:
         return _line(row, backbone, column, scale, seeds, unit=unit)
+    level = (
+        f"threshold {value.threshold:.4g} ({column.threshold:g} x {column.threshold_of}'s final reward EMA); "
+        if column.threshold_of is not None
+        else ""
+    )
     ref_censored = 0
     if column.relative_to is None:
         mean, lo, hi = steps_to_stats(value)
@@ -333,7 +339,7 @@ def _steps_to_line(
         ours_lo=lo,
         ours_hi=hi,
         n_steps=int(value.trained.sum()),
-        detail=detail,
+        detail=level + detail,
         censored=value.n_censored,
         ref_censored=ref_censored,
         **value.provenance,
@@ -372,9 +378,12 @@ def build_table(
 
     def steps_to(backbone: str, run: str, column: Column) -> StepsTo:
         assert column.threshold is not None and column.smoothing is not None
-        key = (backbone, run, column.threshold, column.smoothing)
+        level = column.threshold
+        if column.threshold_of is not None:  # a share of a run's final reward on this backbone
+            level *= final_reward_ema(runs_dir, backbone, column.threshold_of, seeds, column.smoothing)
+        key = (backbone, run, level, column.smoothing)
         if key not in reached:
-            reached[key] = load_steps_to(runs_dir, backbone, run, seeds, column.threshold, column.smoothing)
+            reached[key] = load_steps_to(runs_dir, backbone, run, seeds, level, column.smoothing)
         return reached[key]
 
     def results_of(backbone: str, run: str, decode: str | None) -> list[dict[str, Any]]:

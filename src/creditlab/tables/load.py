@@ -25,7 +25,7 @@ import numpy as np
 from creditlab import paths
 from creditlab.stats import pass_at_k_per_question
 from creditlab.tables.frame import SEP
-from creditlab.tables.stats import steps_to_threshold
+from creditlab.tables.stats import ema, steps_to_threshold
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,8 @@ class StepsTo:
     trained: np.ndarray
     """Per seed: N, the steps trained (1 + the last step logged)."""
     provenance: dict[str, str]
+    threshold: float = float("nan")
+    """The reward level the seeds had to reach."""
 
     @property
     def mean(self) -> float:
@@ -218,7 +220,16 @@ def load_steps_to(
         np.asarray(censored, dtype=bool),
         np.asarray(trained, dtype=int),
         provenance(provs),
+        float(threshold),
     )
+
+
+def final_reward_ema(runs_dir: Path, backbone: str, run: str, seeds: Sequence[int], smoothing: float) -> float:
+    """Mean over `seeds` of the last value of the EMA (`smoothing`, debiased: stats.ema) of the run's training
+    `reward_mean`: the level a steps_to column with `threshold_of` scales."""
+    curves = [read_reward_curve(run_metrics_path(Path(runs_dir), backbone, run, s))[1] for s in seeds]
+    finals = [ema(list(rewards), smoothing)[-1] for rewards in curves]
+    return float(np.mean(finals))
 
 
 def question_values(suite: dict[str, Any], metric: str) -> np.ndarray:

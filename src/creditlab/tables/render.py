@@ -260,6 +260,12 @@ def _steps_to_note(column: Column, scale: str, df: pd.DataFrame) -> str:
         if n_seeds > 1
         else "no CI: one seed (a CI needs several seeds: paper config `seeds`)"
     )
+    level = (
+        f"{column.threshold:g} x the last value of the same EMA of `{column.threshold_of}`'s reward on the row's "
+        f"backbone (mean over its seeds; the level is in each cell's detail)"
+        if column.threshold_of is not None
+        else f"{column.threshold:g}"
+    )
     smoothed = (
         f"the EMA (smoothing {column.smoothing:g}, debiased as in the training-curve figures) of"
         if column.smoothing
@@ -268,7 +274,7 @@ def _steps_to_note(column: Column, scale: str, df: pd.DataFrame) -> str:
     what = (
         f"RL steps until {smoothed} the run's training `reward_mean` (mean verifier score of every rollout "
         f"generated in a step, "
-        f"before any dynamic-sampling filter) first reaches **{column.threshold:g}**: 1 + the 0-based `step` "
+        f"before any dynamic-sampling filter) first reaches **{level}**: 1 + the 0-based `step` "
         f"of metrics.jsonl where it does (the steps run, that one included)"
     )
     censor = "a seed that never reaches it is censored: counted at its N steps trained (the mean is then a lower bound)"
