@@ -410,8 +410,8 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         "init_tracking": 1,
         "prepare_data": 1,
         "warmup": 8,  # the nine backbones but Qwen3-Next-80B-A3B
-        "train": 125,  # 135 planned, less the 10 refused (Qwen3-Next: GSPO and DFPO x 5 seeds)
-        "evaluate": 117,  # those 10, and the 10 Qwen3-32B GRPO / GRPO-fix evaluations only Table 1 read
+        "train": 127,  # 137 planned, less the 10 refused (Qwen3-Next: GSPO and DFPO x 5 seeds)
+        "evaluate": 119,  # those 10, and the 10 Qwen3-32B GRPO / GRPO-fix evaluations only Table 1 read
         "evaluate_decode": 19,
         "table": 15,  # the 16 tables but DFPO's Table 1
         "ledger": 5,
@@ -420,7 +420,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
         "analysis": 5,
         "diagnose": 1,
         "all": 1,
-        "total": 304,
+        "total": 308,
     }, counts
     refused = [f"paper/qwen3-next-80b-a3b/{r}/s{s}" for r in ("gspo", "dfpo") for s in range(5)]
     notes = [line for line in out.splitlines() if line.startswith("creditlab: ")]
@@ -468,7 +468,7 @@ def test_snakemake_plans_the_paper_scale_dag(paper_plan, tmp_path):
             key = paths.run_key("paper", w["backbone"], w["run"], int(w["seed"]))
             assert int(res["runtime"]) == int(wall[key][-2]) <= 48 * 60 and wall[key][-1] == "yes", (w, res)
         checked += 1
-    assert checked == 125 + 117 + 19
+    assert checked == 127 + 119 + 19
     assert int(wall["paper/qwen3-8b-base/delta/s0"][-2]) > 240  # MMLU-Pro and LiveCodeBench: issue 30
     print(f"paper-scale dry run: {seconds:.1f} s")
 
@@ -550,7 +550,7 @@ def _vllm_free_lora_check(monkeypatch):
 @pytest.mark.parametrize(
     "papers,n_runs,several_nodes",
     [
-        (PAPERS, 135, True),
+        (PAPERS, 137, True),
         (["headtohead"], 57, False),  # issue 10's protocol at paper scale: 19 runs x 3 seeds, one 8B backbone
     ],
     ids=["five-papers", "headtohead"],
@@ -558,7 +558,7 @@ def _vllm_free_lora_check(monkeypatch):
 def test_every_paper_run_composes_and_validates_against_verl(
     paper_plan, tmp_path, monkeypatch, papers, n_runs, several_nodes
 ):
-    """Each of the 135 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its
+    """Each of the 137 paper-scale training runs of the five papers (and the 57 of the head-to-head table): its
     verl command's overrides, the verl plug-in's own included
     (creditlab.engines.verl.plugin.plugin_overrides), compose with verl 0.9.1's own `ppo_trainer` Hydra config and pass
     what verl checks at start-up on CPU: main_ppo's validate_config, the config dataclasses its trainer and workers
