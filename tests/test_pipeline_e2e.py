@@ -111,6 +111,10 @@ def test_dfpo_compute_table_from_training_metrics_only(delta_results):
     assert set(df["row"]) == {"GRPO", "GSPO", "GRPO-fix", "DFPO"}
     steps = df[df["column"] == "Steps to reward"]
     assert (steps["ours_mean"] >= 1).all() and (steps["ours_mean"] <= 4).all()  # 4 micro steps (censored at 4)
+    # the level: 90% of GSPO's final reward EMA on micro-s, the same in every cell, GSPO's own reached by construction
+    levels = {d.split(" (")[0] for d in steps["detail"]}
+    assert len(levels) == 1 and all("(0.9 x gspo's final reward EMA); " in d for d in steps["detail"]), levels
+    assert steps.loc[steps["row"] == "GSPO", "censored"].eq(0).all()
     # no evaluation job ran for it: checked by the delta_results fixture, before Paper E's main table evaluates
     rows = [
         json.loads(x) for x in (delta_results / "micro/runs/micro-s/dfpo/s0/metrics.jsonl").read_text().splitlines()
