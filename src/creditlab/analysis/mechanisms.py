@@ -161,14 +161,14 @@ V5: tuple[MechanismTest, ...] = (
         "S6",
         "cancellation",
         "accuracy: RB vs the baseline with dynamic sampling at RB's own generation rounds per update (the curve of "
-        "dynamic sampling capped at 2, 3 and 4 rounds, interpolated; pp)",
+        "the baseline, 1 round, and dynamic sampling capped at 2, 3 and 4 rounds, interpolated; pp)",
         "avg_sampled",
         "rb",
         "dapo-ds@rb-rounds",
         1,
         False,
         True,
-        matched_over=("dapo-ds2", "dapo-ds3", "dapo-ds4"),
+        matched_over=("dapo", "dapo-ds2", "dapo-ds3", "dapo-ds4"),  # dapo: 1 round (amended, mechanisms.md 12.1)
     ),
 )
 """Protocol v5 (docs/papers/mechanisms.md section 12): v4's S5 again on the current code, and S6, RB against dynamic
