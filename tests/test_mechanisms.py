@@ -154,9 +154,10 @@ def test_protocol_v4_adds_rbs_compute_control_and_reads_generation_rounds(tmp_pa
 
 
 def test_protocol_v5_pairs_rb_with_dynamic_sampling_at_rbs_own_rounds():
-    """S6's reference is, per seed, dynamic sampling's curve (accuracy against generation rounds over the baseline's
-    1 round and its caps 2, 3, 4) read by linear interpolation at RB's rounds: checked against the two-point formula by hand; a seed whose RB lies
-    outside the curve, or whose curve misses a run, has no pair and is counted; the test is then scipy's paired t."""
+    """S6's reference is, per seed, dynamic sampling's curve (accuracy against generation rounds over the
+    baseline's 1 round and its caps 2, 3, 4) read by linear interpolation at RB's rounds: checked against the
+    two-point formula by hand; a seed whose RB lies outside the curve, or whose curve misses a run, has no pair and is
+    counted; the test is then scipy's paired t."""
     from scipy import stats
 
     v5 = mech.PROTOCOLS["v5"]
@@ -168,7 +169,7 @@ def test_protocol_v5_pairs_rb_with_dynamic_sampling_at_rbs_own_rounds():
     def pt(x, y):
         return {g: x, m: y}
 
-    curve = {  # per seed (rounds, accuracy) at caps 1 (the baseline), 2, 3, 4: out of order, the function sorts by rounds
+    curve = {  # per seed (rounds, accuracy) at caps 1 (the baseline), 2, 3, 4, out of order: sorted by rounds
         "dapo": {s: pt(1.0, 6.0) for s in range(5)},
         "dapo-ds2": {0: pt(1.8, 10.0), 1: pt(1.9, 12.0), 2: pt(1.7, 9.0), 3: pt(2.0, 11.0), 4: pt(1.8, 10.0)},
         "dapo-ds3": {0: pt(2.6, 18.0), 1: pt(2.4, 16.0), 2: pt(2.5, 15.0), 3: pt(2.5, 17.0), 4: pt(2.6, 13.0)},
@@ -177,8 +178,8 @@ def test_protocol_v5_pairs_rb_with_dynamic_sampling_at_rbs_own_rounds():
     rb = {0: pt(1.5, 20.0), 1: pt(2.4, 13.0), 2: pt(2.7, 22.0), 3: pt(3.3, 30.0), 4: pt(2.2, 11.0), 5: pt(2.3, 9.0)}
     scores = {"rb": rb, **curve}
     ref = mech.matched_reference(scores, s6)
-    # by hand: seed 0 between the baseline's (1.0, 6) and (1.8, 10); seed 1 on the point (2.4, 16); seed 2 between (2.5, 15) and
-    # (2.9, 21); seed 3 above its curve's 3.1 rounds; seed 4 misses dapo-ds4; seed 5 has no curve at all
+    # by hand: seed 0 between the baseline's (1.0, 6) and (1.8, 10); seed 1 on the point (2.4, 16); seed 2 between
+    # (2.5, 15) and (2.9, 21); seed 3 above its curve's 3.1 rounds; seed 4 misses dapo-ds4; seed 5 has no curve at all
     want = {0: 6.0 + (1.5 - 1.0) / (1.8 - 1.0) * 4.0, 1: 16.0, 2: 15.0 + (2.7 - 2.5) / (2.9 - 2.5) * 6.0}
     assert sorted(ref) == [0, 1, 2]
     for seed, y in want.items():
