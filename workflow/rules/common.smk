@@ -97,6 +97,22 @@ def run_config_digest(wildcards):
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def train_priority(wildcards):
+    """Snakemake priority of a `train` job: the run's compute, the larger first (creditlab.resources.order)."""
+    from creditlab.resources.order import train_priority as priority
+
+    return priority(_run_cfg(wildcards.backbone, wildcards.run, wildcards.seed))
+
+
+def warmup_priority(wildcards):
+    """Snakemake priority of a `warmup` job: above every run, the larger backbone first (creditlab.resources.order)."""
+    from creditlab.resources.order import warmup_priority as priority
+
+    prefix = f"{SCALE}/{wildcards.backbone}/"
+    cfgs = _run_cfgs()
+    return priority(next((cfgs[k] for k in cfgs if k.startswith(prefix)), None))
+
+
 if SCALE == "paper":  # where the hub cache is, and its size: the snapshots of the planned backbones (each once)
     _snapshots = hub_cache_bytes(c for k, c in _run_cfgs().items() if k not in PLAN.refused_runs)
     print(

@@ -6,6 +6,7 @@ rule warmup:
         at_scale(paths.BASE_DONE),
     log:
         log_for("warmup/{backbone}"),
+    priority: warmup_priority  # warm-ups first, the largest first (creditlab.resources.order)
     conda:
         ENV
     threads: 1
@@ -26,6 +27,7 @@ rule train:
         metrics=at_scale(paths.RUN_METRICS),
     log:
         log_for("train/{backbone}/{run}/s{seed}"),
+    priority: train_priority  # then the runs, the most compute first: the shortest jobs end the build
     # no re-submission of a failed run (a crash fails visibly; a re-run resumes from its checkpoint): a run that outlasts
     # its allocation requeues itself before the end (creditlab.allocation), a preempted one is requeued by SLURM
     retries: 0
