@@ -44,6 +44,7 @@ def micro_results(tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("e2e") / "results"
     proc = _snakemake(results=results)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    (results.parent / "snakemake.log").write_text(proc.stdout + proc.stderr)  # the jobs as Snakemake started them
     return results
 
 

@@ -218,6 +218,26 @@ def test_noop_rerun_starts_no_job(micro_results, delta_results):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
+def test_jobs_carry_their_priorities(micro_results):
+    """Snakemake started each job with the priority creditlab.resources.order gives it: every warm-up above every
+    run, each run its compute's (what orders the jobs on 2 cores; tests/test_order.py checks the values)."""
+    from creditlab.plan import BASE_RUN, build_plan, composed_configs
+    from creditlab.resources.order import train_priority
+
+    log = (micro_results.parent / "snakemake.log").read_text()
+    jobs = re.findall(r"rule (warmup|train):\n(?:    .*\n)*?    wildcards: (.*)\n    priority: ([0-9.]+)", log)
+    warmups = [float(p) for rule, _, p in jobs if rule == "warmup"]
+    trains = {w: float(p) for rule, w, p in jobs if rule == "train"}
+    plan = build_plan({"scale": "micro", "papers": ["dlogp"], "seeds": [0], "results": str(micro_results)})
+    configs = composed_configs(r for r in plan.runs.values() if r.run != BASE_RUN)  # the base model trains no run
+    assert len(warmups) == 2 and len(trains) == len(configs) == 6, jobs
+    for wildcards, priority in trains.items():
+        w = dict(kv.split("=") for kv in wildcards.split(", "))
+        cfg = configs[f"micro/{w['backbone']}/{w['run']}/s{w['seed']}"]
+        assert priority == pytest.approx(train_priority(cfg), abs=1e-6), wildcards
+    assert min(warmups) > max(trains.values())
+
+
 def test_html_report(report_html):
     html = report_html.read_text(errors="replace")
     # tables as pages (HTML) and CSV downloads, training curves, ledger; rendering is checked in a browser
